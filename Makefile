@@ -1,0 +1,55 @@
+# CXR-LT Lab. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TASK ?= task1
+ARGS ?=
+PORT ?= 5000
+TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+
+.DEFAULT_GOAL := help
+.PHONY: help setup train ui test test-realdata test-slow lint format bench clean
+
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+setup: $(STAMP) ## Create .venv and install everything (idempotent; instant when up to date)
+
+train: setup ## Train and test one model, tracked in MLflow: make train TASK=task1 ARGS="model=resnet18 loss=bce"
+	$(PY) -m training.train task=$(TASK) $(ARGS)
+
+ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)
+
+test: setup ## Fast default test suite (no slow, real-data or GPU tests)
+	$(PY) -m pytest
+
+test-realdata: setup ## Tests on the real radiographs in ../shared/data
+	$(PY) -m pytest -m realdata
+
+test-slow: setup ## Slow tests (full-size training runs)
+	$(PY) -m pytest -m slow
+
+lint: setup ## Ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: setup ## Benchmarks, printing ratios measured side by side in one run
+	$(PY) tests/bench/bench_throughput.py
+
+clean: ## Remove generated data, working checkpoints and caches (keeps the MLflow store and .venv)
+	rm -rf data/synthetic mlruns/checkpoints .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +

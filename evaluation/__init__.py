@@ -1,0 +1,1 @@
+"""Everything that judges a model: metrics, bootstrap, breakdowns, reports, registry and submission."""

@@ -1,0 +1,68 @@
+"""Data module: loaders give single-channel image tensors and task-ordered targets."""
+
+import numpy as np
+import torch
+
+from training.data.datamodule import CXRDataModule
+from training.data.sources import ManifestSource
+from training.data.transforms import GRAY_MEAN, GRAY_STD
+from training.samplers.random import RandomSampling
+
+
+def _module(path, labels, **kwargs):
+    defaults = dict(image_size=24, batch_size=4, sampler=RandomSampling())
+    return CXRDataModule(ManifestSource(str(path)), labels, **{**defaults, **kwargs})
+
+
+def test_batches_have_the_documented_shapes(make_manifest, task1_labels):
+    dm = _module(make_manifest(n=30), task1_labels)
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["image"].shape == (4, 1, 24, 24)
+    assert batch["image"].dtype == torch.float32
+    assert batch["target"].shape == (4, 30)
+    assert len(dm.train_dataloader()) == 10 // 4  # drop_last on train
+    assert sum(len(b["target"]) for b in dm.val_dataloader()) == 10  # every val image, no drop
+
+
+def test_eval_images_are_normalised_copies_of_the_file(make_manifest, task1_labels):
+    path = make_manifest(n=9, size=24)
+    dm = _module(path, task1_labels)
+    dm.setup()
+    item = dm.datasets["test"][0]
+    import cv2
+
+    raw = cv2.imread(str(path.parent / dm.split_frame("test")["path"][0]), cv2.IMREAD_GRAYSCALE)
+    expected = (raw / 255.0 - GRAY_MEAN) / GRAY_STD
+    np.testing.assert_allclose(item["image"][0].numpy(), expected, atol=1e-5)
+
+
+def test_targets_follow_task_order_and_counts_match(make_manifest):
+    labels = ["Nodule", "Mass", "Normal"]
+    path = make_manifest(n=30)
+    dm = _module(path, labels)
+    dm.setup()
+    import pandas as pd
+
+    table = pd.read_csv(path)
+    train = table[table["split"] == "train"]
+    np.testing.assert_array_equal(dm.datasets["train"].targets.numpy(), train[labels].to_numpy(np.float32))
+    np.testing.assert_array_equal(dm.class_counts, train[labels].sum().to_numpy())
+
+
+def test_preload_and_lazy_reading_agree(make_manifest, task1_labels):
+    path = make_manifest(n=9)
+    eager, lazy = _module(path, task1_labels), _module(path, task1_labels, preload=False)
+    eager.setup()
+    lazy.setup()
+    assert lazy.datasets["val"].images is None
+    for i in range(3):
+        np.testing.assert_array_equal(eager.datasets["val"].image(i), lazy.datasets["val"].image(i))
+
+
+def test_subset_cuts_each_split(make_manifest, task1_labels):
+    dm = _module(make_manifest(n=30), task1_labels, subset={"train": 4, "test": 2})
+    dm.setup()
+    assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [4, 10, 2]
+    assert dm.class_counts.sum() == (dm.datasets["train"].targets.numpy() == 1).sum()

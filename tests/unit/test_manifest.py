@@ -1,0 +1,103 @@
+"""Manifest validation: every broken input fails with its row and column named."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from training.data.findings import KNOWN_FINDINGS
+from training.data.manifest import ManifestError, load_manifest
+
+
+def _load(path, labels):
+    return load_manifest(path, labels, KNOWN_FINDINGS)
+
+
+def _edit(path, change):
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    table = change(table)
+    table.to_csv(path, index=False)
+
+
+def test_valid_manifest_loads_with_fingerprint_and_targets(make_manifest, task1_labels):
+    path = make_manifest(n=30)
+    manifest = _load(path, task1_labels)
+    assert manifest.labels == tuple(task1_labels)
+    assert len(manifest.fingerprint) == 12
+    train = manifest.targets("train")
+    assert train.shape == (10, 30)
+    assert set(np.unique(train)) <= {0.0, 1.0}
+    assert manifest.class_counts().sum() == (train == 1).sum()
+
+
+def test_fingerprint_changes_with_content(make_manifest, task1_labels):
+    path = make_manifest(n=30)
+    before = _load(path, task1_labels).fingerprint
+    _edit(path, lambda t: t.assign(**{"Hernia": t["Hernia"].where(t.index != 0, "1")}))
+    after = _load(path, task1_labels).fingerprint
+    assert before != after
+
+
+def test_missing_image_names_line_and_path(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    (path.parent / "images" / "4.png").unlink()
+    with pytest.raises(ManifestError, match=r"line 6, column 'path': image file not found: .*images/4\.png"):
+        _load(path, task1_labels)
+
+
+def test_unknown_label_column_suggests_the_known_name(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.rename(columns={"Cardiomegaly": "Cardiomegally"}))
+    with pytest.raises(ManifestError) as error:
+        _load(path, task1_labels)
+    message = str(error.value)
+    assert "column 'Cardiomegally': unknown label column (did you mean 'Cardiomegaly'?)" in message
+    assert "column 'Cardiomegaly': required by the task but absent" in message
+
+
+def test_declared_extra_columns_are_accepted(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(age="60"))
+    with pytest.raises(ManifestError, match="column 'age': unknown label column"):
+        _load(path, task1_labels)
+    manifest = load_manifest(path, task1_labels, KNOWN_FINDINGS, extra_columns=["age"])
+    assert "age" in manifest.table
+
+
+def test_duplicate_image_id_names_both_lines(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(image_id=t["image_id"].where(t.index != 7, "img2")))
+    with pytest.raises(ManifestError, match=r"column 'image_id': 'img2' duplicated on lines \[4, 9\]"):
+        _load(path, task1_labels)
+
+
+def test_bad_label_value_and_split_are_reported_together(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+
+    def corrupt(t):
+        t.loc[3, "Nodule"] = "yes"
+        t.loc[5, "split"] = "training"
+        return t
+
+    _edit(path, corrupt)
+    with pytest.raises(ManifestError) as error:
+        _load(path, task1_labels)
+    message = str(error.value)
+    assert "2 problem(s)" in message
+    assert "line 5, column 'Nodule': 'yes' is not 0, 1 or empty" in message
+    assert "line 7, column 'split': 'training' is not one of" in message
+
+
+def test_patient_in_two_splits_is_rejected(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(patient_id=t["patient_id"].where(t.index != 1, "p0")))
+    with pytest.raises(ManifestError, match="patient 'p0' appears in several splits"):
+        _load(path, task1_labels)
+
+
+def test_empty_cell_means_not_labelled(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(Fracture=t["Fracture"].where(t.index != 0, "")))
+    targets = _load(path, task1_labels).targets("train")
+    column = task1_labels.index("Fracture")
+    assert targets[0, column] == -1
+    assert (targets[1:, column] >= 0).all()

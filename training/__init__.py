@@ -1,0 +1,1 @@
+"""Everything that produces a model: data, backbones, losses, samplers, the LightningModule, entry points."""

@@ -1,0 +1,132 @@
+"""The LightningDataModule: manifest in, validated splits and loaders out."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import lightning.pytorch as L
+import numpy as np
+from torch.utils.data import DataLoader
+
+from training.data.dataset import ManifestDataset
+from training.data.findings import KNOWN_FINDINGS
+from training.data.manifest import Manifest, load_manifest
+from training.data.transforms import build_transform
+from training.samplers.base import SamplingStrategy
+
+log = logging.getLogger(__name__)
+
+
+class CXRDataModule(L.LightningDataModule):
+    """Loads one manifest and serves its train/val/test splits.
+
+    Args:
+        source: object with ``prepare() -> manifest path`` and ``root`` (see :mod:`training.data.sources`).
+        labels: the task's label columns, in output order.
+        image_size: square side images are resized to.
+        batch_size: per-device batch size.
+        num_workers: loader worker processes; 0 keeps augmentation in the training process, which is fastest
+            on two cores when images are preloaded.
+        preload: decode each split once into memory.
+        train_augment: albumentations steps for training (eval uses none).
+        sampler: training sampling strategy.
+        subset: optional ``{split: max images}`` to cut splits down (smoke runs); the first rows are kept so
+            the cut is deterministic.
+        extra_columns: non-label manifest columns to accept.
+        seed: seed for samplers.
+    """
+
+    def __init__(
+        self,
+        source,
+        labels: Sequence[str],
+        image_size: int,
+        batch_size: int,
+        num_workers: int = 0,
+        preload: bool = True,
+        train_augment: Sequence | None = None,
+        sampler: SamplingStrategy | None = None,
+        subset: dict | None = None,
+        extra_columns: Sequence[str] = (),
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.source = source
+        self.labels = tuple(labels)
+        self.image_size = image_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.preload = preload
+        self.train_augment = train_augment
+        self.sampler = sampler
+        self.subset = dict(subset or {})
+        self.extra_columns = tuple(extra_columns)
+        self.seed = seed
+        self.manifest: Manifest | None = None
+        self.datasets: dict[str, ManifestDataset] = {}
+
+    def prepare_data(self) -> None:
+        """Build the manifest (and its images) once, on the main process."""
+        self.manifest_path = self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Validate the manifest and build the three datasets; a second call is free."""
+        if self.manifest is not None:
+            return
+        manifest_path = getattr(self, "manifest_path", None) or self.source.prepare()
+        self.manifest = load_manifest(
+            manifest_path, self.labels, KNOWN_FINDINGS, root=self.source.root, extra_columns=self.extra_columns
+        )
+        for split in ("train", "val", "test"):
+            self.datasets[split] = self._dataset(split)
+            log.info("%s split: %d images", split, len(self.datasets[split]))
+
+    def _dataset(self, split: str) -> ManifestDataset:
+        rows = self.manifest.split(split)
+        targets = self.manifest.targets(split)
+        limit = self.subset.get(split)
+        if limit is not None:
+            rows, targets = rows.iloc[:limit], targets[:limit]
+        if len(rows) == 0:
+            raise ValueError(f"{self.manifest.source_file}: split {split!r} is empty")
+        steps = self.train_augment if split == "train" else None
+        return ManifestDataset(
+            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, build_transform(steps),
+            preload=self.preload,
+        )  # fmt: skip
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        """Positives per label on the training split actually used, ``(C,)``."""
+        return (self.datasets["train"].targets.numpy() == 1).sum(axis=0)
+
+    @property
+    def n_train(self) -> int:
+        return len(self.datasets["train"])
+
+    def split_frame(self, split: str):
+        """Manifest rows of a split, cut like its dataset, for writing predictions."""
+        return self.manifest.split(split).iloc[: len(self.datasets[split])]
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self.datasets["train"]
+        sampler = self.sampler.build(dataset.targets.numpy(), self.seed) if self.sampler else None
+        return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["val"])
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["test"])
+
+    def _loader(self, dataset, shuffle=False, sampler=None, drop_last=False) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=drop_last and len(dataset) > self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )

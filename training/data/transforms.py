@@ -1,0 +1,29 @@
+"""Albumentations pipelines built from ``configs/augment/*.yaml``.
+
+Grayscale handling: images stay single-channel end to end. Backbones are built with ``in_chans=1`` (timm sums a
+pretrained RGB stem's filters into one input channel, which is exactly the response to a gray image replicated
+three times), so there is no 3x copy of every image in memory or through the first convolution. Normalisation
+uses the mean of ImageNet's channel statistics so pretrained weights see inputs on their usual scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import albumentations as A
+from albumentations.pytorch import ToTensorV2
+from hydra.utils import instantiate
+
+GRAY_MEAN = 0.449  # mean of ImageNet's RGB means
+GRAY_STD = 0.226  # mean of ImageNet's RGB stds
+
+
+def build_transform(steps: Sequence | None) -> A.Compose:
+    """Compose the configured augmentation steps, then normalise and convert to a ``(1, H, W)`` float tensor.
+
+    Args:
+        steps: Hydra nodes with ``_target_`` naming an albumentations transform; ``None`` or empty for evaluation.
+    """
+    transforms = [instantiate(step) for step in (steps or [])]
+    transforms += [A.Normalize(mean=GRAY_MEAN, std=GRAY_STD, max_pixel_value=255.0), ToTensorV2()]
+    return A.Compose(transforms)

@@ -1,0 +1,60 @@
+"""The contract every multi-label loss follows, so the LightningModule never needs to know which one it holds."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MultiLabelLoss(nn.Module):
+    """Base class for losses over ``(B, C)`` logits and binary targets.
+
+    Long-tailed losses need statistics of the training labels (class counts for LDAM margins, DB rebalancing,
+    class-prior bias). They are never typed by hand: the LightningModule calls :meth:`set_class_counts` once with
+    the counts read from the training manifest, before the first step. Losses with a schedule (DRW) get
+    :meth:`on_epoch_start`.
+
+    ``mask`` marks which entries are labelled; an empty cell in the manifest (not labelled) must contribute
+    nothing, not count as a negative.
+    """
+
+    def set_class_counts(self, class_counts: torch.Tensor, n_samples: int) -> None:
+        """Receive per-class positive counts ``(C,)`` and the number of training images."""
+        self.register_buffer("class_counts", class_counts.detach().float().clone(), persistent=False)
+        self.n_samples = int(n_samples)
+
+    def on_epoch_start(self, epoch: int) -> None:
+        """Hook for losses whose weighting depends on the epoch (deferred re-weighting)."""
+
+    def init_bias(self) -> torch.Tensor | None:
+        """Optional classifier-bias initialisation ``(C,)`` the loss wants (DB's class-prior init)."""
+        return None
+
+    def forward(
+        self, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def reduce(elementwise: torch.Tensor, mask: torch.Tensor | None, reduction: str) -> torch.Tensor:
+        """Reduce a ``(B, C)`` loss over the labelled entries only.
+
+        Args:
+            elementwise: per-entry loss ``(B, C)``.
+            mask: ``(B, C)`` bool, True where the label is known; None means all known.
+            reduction: ``mean`` (over labelled entries), ``sum``, or ``batch_mean`` (sum over classes, mean over
+                images, the usual multi-label convention that keeps the scale independent of batch size).
+        """
+        if mask is not None:
+            elementwise = elementwise * mask.to(elementwise.dtype)
+            n_labelled = mask.sum().clamp_min(1)
+        else:
+            n_labelled = torch.tensor(elementwise.numel(), device=elementwise.device)
+        reducers = {
+            "mean": lambda e: e.sum() / n_labelled,
+            "sum": lambda e: e.sum(),
+            "batch_mean": lambda e: e.sum() / e.shape[0],
+        }
+        if reduction not in reducers:
+            raise ValueError(f"unknown reduction {reduction!r}; choose one of {sorted(reducers)}")
+        return reducers[reduction](elementwise)

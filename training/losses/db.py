@@ -1,0 +1,141 @@
+"""Distribution-Balanced loss (Wu et al. 2020, wutong16/DistributionBalancedLoss) for long-tailed multi-label data."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from training.losses.base import MultiLabelLoss
+from training.losses.weights import clamp_counts, require_counts
+
+
+class DistributionBalancedLoss(MultiLabelLoss):
+    """Rebalanced weighting plus negative-tolerant regularisation plus focal focusing, per label.
+
+    Why: in multi-label data, re-sampling or re-weighting by class is distorted by label co-occurrence: an image
+    with a rare finding also carries common ones, so class-level weights over-sample the common ones too, and
+    the many negatives of every rare class push its logits down (over-suppression). DB fixes each part:
+
+    **Rebalanced weighting.** ``P^C_c = 1 / n_c`` is the (unnormalised) chance that class-aware sampling picks an
+    image through class ``c``; ``P^I_i = sum_j y_ij / n_j`` the chance it picks image ``i`` at all. Their ratio
+    ``r_ic = P^C_c / P^I_i`` corrects the co-occurrence bias and is smoothed as
+    ``w_ic = alpha + sigmoid(beta * (r_ic - mu))``. As in the reference (``rebalance_weight``: "pos and neg are
+    equally treated") the weight applies to every entry of the image, negatives included. An image with no
+    positive has ``P^I = 0`` and ``r = inf`` in the reference, so ``w = alpha + 1``; that limit is used here
+    explicitly instead of dividing by zero. Only labelled positives (``mask``) enter ``P^I``. The weights are
+    constants (no gradient), as in the reference.
+
+    **Negative-tolerant regularisation.** A class-specific bias from the prior, ``b_c = -log(N / n_c - 1) *
+    init_bias / neg_scale`` (``= (init_bias / neg_scale) * logit(n_c / N)``, reference formula), and for
+    negatives the logit is multiplied by ``lambda = neg_scale`` while their loss weight is divided by it:
+    ``(1 / lambda) * log(1 + exp(lambda * z))`` has a gradient that vanishes quickly once a negative is below
+    zero, so the many negatives of a rare class stop over-suppressing it.
+
+    The reference adds ``b`` inside the loss, to the logits, as a fixed offset. Here, by the platform contract,
+    :meth:`init_bias` returns it and the LightningModule writes it into the head bias, so the loss does not add
+    it again. Training dynamics are the same: the loss sees ``Wx + b`` either way and the gradient with respect
+    to the free bias is identical (weight decay would differ, but the platform exempts biases from it). At
+    inference the platform's logits include ``b`` while the reference's do not, a per-class constant that
+    changes no per-class AP/AUROC. Set ``bias_in_loss=True`` for the reference behaviour (then :meth:`init_bias`
+    returns ``None``).
+
+    **Focal term.** ``p_t = exp(-BCE(z', y))`` on the regularised logit ``z'`` without weights, loss
+    ``balance_param * (1 - p_t) ** gamma * w * BCE(z', y)`` (reference ``ResampleLoss.forward``).
+
+    Zero-count classes: ``n_c`` is clamped to ``>= 1`` (and to ``<= N - 1`` for the bias, so a class present in
+    every image gives a finite logit prior).
+
+    Args:
+        alpha: additive floor of the smoothed weight (reference config ``map_param.alpha`` 0.1).
+        beta: steepness of the smoothing sigmoid (reference config ``map_param.beta`` 10).
+        mu: centre of the smoothing sigmoid (reference config ``map_param.gamma`` 0.2).
+        rebalance: apply the rebalanced weights (reference ``reweight_func='rebalance'``); False gives weight 1.
+        focal: apply the focal term (reference ``focal.focal`` True).
+        gamma: focal exponent (reference ``focal.gamma`` 2).
+        balance_param: constant factor on the focal loss (reference ``focal.balance_param`` 2.0).
+        neg_scale: ``lambda``, the negative-logit scale (reference ``logit_reg.neg_scale`` 2.0); 1 disables it.
+        init_bias: ``kappa`` of the prior bias (reference ``logit_reg.init_bias`` 0.05); 0 disables it.
+        bias_in_loss: add the prior bias inside the loss like the reference instead of returning it from
+            :meth:`init_bias` for the head.
+        reduction: see :meth:`MultiLabelLoss.reduce`; ``mean`` over labelled entries, as the reference returns the
+            unreduced ``(B, C)`` loss and its trainer takes ``.mean()``.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        beta: float = 10.0,
+        mu: float = 0.2,
+        rebalance: bool = True,
+        focal: bool = True,
+        gamma: float = 2.0,
+        balance_param: float = 2.0,
+        neg_scale: float = 2.0,
+        init_bias: float = 0.05,
+        bias_in_loss: bool = False,
+        reduction: str = "mean",
+    ):
+        super().__init__()
+        if neg_scale <= 0:
+            raise ValueError(f"neg_scale must be > 0, got {neg_scale}")
+        if gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.mu = float(mu)
+        self.rebalance = rebalance
+        self.focal = focal
+        self.gamma = float(gamma)
+        self.balance_param = float(balance_param)
+        self.neg_scale = float(neg_scale)
+        self.init_bias_kappa = float(init_bias)
+        self.bias_in_loss = bias_in_loss
+        self.reduction = reduction
+
+    def prior_bias(self) -> torch.Tensor:
+        """``(C,)`` class-prior bias ``-log(N / n_c - 1) * init_bias / neg_scale`` (reference formula)."""
+        counts, n_samples = require_counts(self)
+        n_total = float(max(n_samples, 2))
+        n = clamp_counts(counts).clamp(max=n_total - 1.0)  # (C,) in [1, N - 1]: finite log-odds
+        return -torch.log(n_total / n - 1.0) * self.init_bias_kappa / self.neg_scale
+
+    def init_bias(self) -> torch.Tensor | None:
+        """The prior bias for the classifier head, unless the loss adds it itself (``bias_in_loss``)."""
+        if self.bias_in_loss or self.init_bias_kappa == 0:
+            return None
+        return self.prior_bias()
+
+    def rebalance_weights(self, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Smoothed rebalancing weights ``w (B, C) = alpha + sigmoid(beta * (r - mu))``.
+
+        Args:
+            targets: ``(B, C)`` binary labels.
+            mask: ``(B, C)`` bool, labelled entries; unlabelled positives do not count toward ``P^I``.
+        """
+        counts, _ = require_counts(self)
+        y = targets.float()
+        if mask is not None:
+            y = y * mask.float()
+        freq_inv = 1.0 / clamp_counts(counts).to(y.device)  # (C,) P^C up to a constant
+        p_image = (y * freq_inv).sum(dim=1, keepdim=True)  # (B, 1) P^I up to the same constant
+        has_pos = p_image > 0  # (B, 1)
+        r = freq_inv.unsqueeze(0) / torch.where(has_pos, p_image, torch.ones_like(p_image))  # (B, C)
+        smooth = torch.sigmoid(self.beta * (r - self.mu))  # (B, C)
+        smooth = torch.where(has_pos, smooth, torch.ones_like(smooth))  # r = inf limit for no-positive images
+        return self.alpha + smooth
+
+    def forward(self, logits, targets, mask=None):
+        z = logits.float()  # (B, C)
+        y = targets.to(z.dtype)  # (B, C) in {0, 1}
+        if self.bias_in_loss and self.init_bias_kappa != 0:
+            z = z + self.prior_bias().to(z.device)  # reference: logits += init_bias
+        weight = self.rebalance_weights(y, mask).to(z.device) if self.rebalance else torch.ones_like(z)  # (B, C)
+        # negative-tolerant regularisation: negatives' logits * lambda, their weight / lambda
+        z = torch.where(y > 0.5, z, z * self.neg_scale)  # (B, C)
+        weight = torch.where(y > 0.5, weight, weight / self.neg_scale)  # (B, C)
+        bce = F.binary_cross_entropy_with_logits(z, y, reduction="none")  # (B, C), unweighted
+        loss = weight * bce
+        if self.focal:
+            one_minus_pt = (-torch.expm1(-bce)).clamp_min(1e-12)  # (B, C) 1 - exp(-bce), exact for small bce
+            loss = self.balance_param * one_minus_pt.pow(self.gamma) * loss
+        return self.reduce(loss, mask, self.reduction)

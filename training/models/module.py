@@ -1,0 +1,128 @@
+"""The one LightningModule: a backbone, a linear multi-label head, a configurable loss."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MultilabelAUROC, MultilabelAveragePrecision
+
+from training.models.backbone import create_backbone
+from training.models.schedule import warmup_cosine
+
+
+def build_loss(loss_cfg: dict) -> nn.Module:
+    """Instantiate a ``configs/loss`` node; its ``name`` key is the public name, not a constructor argument."""
+    return instantiate({k: v for k, v in loss_cfg.items() if k != "name"}, _convert_="all")
+
+
+class MultiLabelClassifier(L.LightningModule):
+    """Multi-label chest X-ray classifier.
+
+    Everything needed to rebuild it is kept as plain hyperparameters (model and loss config, label names), so a
+    checkpoint alone can be loaded for evaluation, registration or serving.
+
+    Args:
+        model_cfg: ``configs/model`` node (backbone name, pretrained, optimiser settings).
+        loss_cfg: ``configs/loss`` node.
+        labels: output label names, in column order.
+    """
+
+    def __init__(self, model_cfg: dict, loss_cfg: dict, labels: list[str]):
+        super().__init__()
+        self.save_hyperparameters()
+        self.labels = list(labels)
+        self.backbone = create_backbone(
+            model_cfg["backbone"], pretrained=model_cfg.get("pretrained", False), **model_cfg.get("timm_kwargs", {})
+        )
+        self.head = nn.Linear(self.backbone.num_features, len(self.labels))
+        self.loss = build_loss(loss_cfg)
+        metric = partial(dict, num_labels=len(self.labels), average="macro", ignore_index=-1)
+        self.val_metrics = MetricCollection(
+            {"mAP": MultilabelAveragePrecision(**metric()), "mAUROC": MultilabelAUROC(**metric())}, prefix="val/"
+        )
+        self._test_outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.test_result: dict | None = None
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, 1, H, W)`` images to ``(B, C)`` logits."""
+        return self.head(self.backbone(images))
+
+    def set_label_statistics(self, class_counts: np.ndarray, n_samples: int) -> None:
+        """Hand the training counts to the loss and apply any bias initialisation it asks for.
+
+        Called once before the first step (not on resume-sensitive state: the counts are recomputed from the
+        same manifest, so a resumed run gets identical values).
+        """
+        self.loss.set_class_counts(torch.as_tensor(class_counts), n_samples)
+        bias = self.loss.init_bias()
+        if bias is not None:
+            with torch.no_grad():
+                self.head.bias.copy_(bias)
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if stage == "fit" and datamodule is not None:
+            self.set_label_statistics(datamodule.class_counts, datamodule.n_train)
+
+    def on_train_epoch_start(self) -> None:
+        self.loss.on_epoch_start(self.current_epoch)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits = self(batch["image"])  # (B, C)
+        targets = batch["target"]  # (B, C), -1 = not labelled
+        loss = self.loss(logits, targets.clamp_min(0), targets >= 0)
+        self.log("loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(targets))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        probs = torch.sigmoid(self(batch["image"]))
+        self.val_metrics.update(probs, batch["target"].long())
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(self.val_metrics.compute(), prog_bar=True)
+        self.val_metrics.reset()
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        probs = torch.sigmoid(self(batch["image"]))
+        self._test_outputs.append((batch["index"].cpu(), probs.cpu(), batch["target"].cpu()))
+
+    def on_test_epoch_start(self) -> None:
+        self._test_outputs.clear()
+
+    def on_test_epoch_end(self) -> None:
+        """Score the whole split at once with the evaluation package (sklearn's AP), keep predictions."""
+        from evaluation.metrics import multilabel_summary
+
+        index = torch.cat([o[0] for o in self._test_outputs]).numpy()
+        order = np.argsort(index)
+        probs = torch.cat([o[1] for o in self._test_outputs]).numpy()[order]  # (N, C)
+        targets = torch.cat([o[2] for o in self._test_outputs]).numpy()[order]  # (N, C)
+        summary = multilabel_summary(targets, probs, self.labels)
+        self.log_dict({f"test/{key}": value for key, value in summary.items()})
+        self.test_result = {"index": index[order], "probs": probs, "targets": targets, "metrics": summary}
+
+    def configure_optimizers(self):
+        cfg = self.hparams.model_cfg
+        decay, no_decay = [], []
+        for name, param in self.named_parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim <= 1 or name.endswith(".bias") else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg["lr"],
+        )
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = int(round(cfg.get("warmup_epochs", 0) * total / max(1, self.trainer.max_epochs)))
+        schedule = partial(warmup_cosine, total_steps=total, warmup_steps=warmup, min_factor=cfg.get("min_lr_factor", 0.0))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

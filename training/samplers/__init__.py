@@ -1,0 +1,1 @@
+"""Training-set samplers, each selectable as ``sampler=<name>`` through ``configs/sampler/<name>.yaml``."""
