@@ -110,4 +110,4 @@ def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingS
 def _epoch_of(checkpoint_path: Path) -> int:
     import torch
 
-    return int(torch.load(checkpoint_path, map_location="cpu", weights_only=False)["epoch"])
+    return int(torch.load(checkpoint_path, map_location="cpu", weights_only=True)["epoch"])

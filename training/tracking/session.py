@@ -35,6 +35,16 @@ class RunLogger(MLFlowLogger):
     def finalize(self, status: str = "success") -> None:
         """Ignore Lightning's per-stage finalisation (see class docstring)."""
 
+    def log_metrics(self, metrics, step=None) -> None:
+        """Log with the epoch as MLflow's step.
+
+        The platform logs epoch-level metrics only (step-level values would be re-logged after a resume), so the
+        epoch is the natural x axis in the MLflow UI; Lightning's extra ``epoch`` pseudo-metric is dropped.
+        """
+        metrics = dict(metrics)
+        epoch = metrics.pop("epoch", None)
+        super().log_metrics(metrics, int(epoch) if epoch is not None else step)
+
 
 @dataclass
 class TrackingSession:

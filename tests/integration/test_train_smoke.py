@@ -1,0 +1,137 @@
+"""`debug=smoke` end to end through the real CLI: keys, artifacts, and two runs side by side in the MLflow UI."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import train_command
+from training.data.findings import TASK1_LABELS
+from training.data.manifest import file_fingerprint
+
+MODELS = ("convnext_atto", "resnet18")
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """Two smoke runs differing only in ``model=``, sharing one store and one generated data set."""
+    tmp = tmp_path_factory.mktemp("smoke")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
+    import os
+
+    env = {**os.environ, **env}
+    outputs = {}
+    for model in MODELS:
+        started = time.perf_counter()
+        done = subprocess.run(
+            train_command(tmp, "debug=smoke", f"model={model}", f"data.source.root={tmp}/synthetic",
+                          "trainer.enable_progress_bar=false"),
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        outputs[model] = (done, time.perf_counter() - started)
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    return tmp, client, outputs
+
+
+def _runs(client):
+    experiment = client.get_experiment_by_name("task1")
+    return {run.data.params["model.name"]: run for run in client.search_runs([experiment.experiment_id])}
+
+
+def test_smoke_run_logs_the_contracted_keys(smoke_runs):
+    tmp, client, _ = smoke_runs
+    runs = _runs(client)
+    assert set(runs) == set(MODELS)
+    run = runs["convnext_atto"]
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "convnext_atto-bce-random-s42"
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+    assert params["model.backbone"] == "convnext_atto" and params["loss._target_"].endswith("BCELoss")
+    assert params["trainer.max_epochs"] == "1"
+    for key in ("train/loss", "val/mAP", "val/mAUROC", "test/mAP", "test/mAUROC", "test/prevalence_baseline_mAP"):
+        assert key in metrics, key
+    assert 0.0 <= metrics["test/mAP"] <= 1.0
+    assert {f"test/ap/{name}" for name in TASK1_LABELS} <= set(metrics)
+    assert len(client.get_metric_history(run.info.run_id, "val/mAP")) == 1
+    assert tags["task"] == "task1" and tags["data_source"] == "synthetic" and tags["synthetic_data"] == "true"
+    assert tags["mlflow.source.git.commit"]
+    manifests = list((tmp / "synthetic").glob("*/manifest.csv"))
+    assert len(manifests) == 1 and tags["dataset_fingerprint"] == file_fingerprint(manifests[0])
+
+
+def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_path):
+    tmp, client, _ = smoke_runs
+    run = _runs(client)["convnext_atto"]
+    run_id = run.info.run_id
+    top = {a.path for a in client.list_artifacts(run_id)}
+    assert {"config.yaml", "checkpoints", "predictions"} <= top
+    checkpoints = client.list_artifacts(run_id, "checkpoints")
+    assert [a.path for a in checkpoints] == ["checkpoints/best.ckpt"]
+    config = client.download_artifacts(run_id, "config.yaml", str(tmp_path))
+    assert "backbone: convnext_atto" in open(config).read()
+    predictions = pd.read_csv(client.download_artifacts(run_id, "predictions/test.csv", str(tmp_path)))
+    manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
+    test_ids = manifest.loc[manifest["split"] == "test", "image_id"]
+    assert sorted(predictions["image_id"]) == sorted(test_ids)
+    probs = predictions[list(TASK1_LABELS)].to_numpy()
+    assert ((probs >= 0) & (probs <= 1)).all()
+    truth = predictions.set_index("image_id")[[f"true/{n}" for n in TASK1_LABELS]]
+    expected = manifest.set_index("image_id").loc[truth.index, list(TASK1_LABELS)]
+    assert (truth.to_numpy() == expected.to_numpy()).all()
+    assert not (tmp / "checkpoints" / run_id).exists()  # working checkpoints dropped once the run finished
+
+
+def test_smoke_run_is_fast(smoke_runs):
+    _, _, outputs = smoke_runs
+    # Generous bound for a shared 2-core machine; the issue's target (under a minute) is reported by hand.
+    assert outputs["resnet18"][1] < 120
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
+    tmp, _, _ = smoke_runs
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
+         "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    pytest.fail("mlflow ui did not come up")
+                time.sleep(0.5)
+        url = f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=task1"
+        experiment = json.load(urllib.request.urlopen(url))["experiment"]
+        body = json.dumps({"experiment_ids": [experiment["experiment_id"]], "max_results": 10}).encode()
+        request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", body, {"Content-Type": "application/json"})
+        runs = json.load(urllib.request.urlopen(request))["runs"]
+        models = {next(p["value"] for p in r["data"]["params"] if p["key"] == "model.name"): r for r in runs}
+        assert set(models) == set(MODELS)
+        for run in models.values():
+            metric_keys = {m["key"] for m in run["data"]["metrics"]}
+            assert {"test/mAP", "val/mAP"} <= metric_keys
+        assert urllib.request.urlopen(f"{base}/").status == 200  # the UI page itself is served
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
