@@ -9,9 +9,10 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torchmetrics import MetricCollection
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MultilabelAUROC, MultilabelAveragePrecision
 
+from evaluation.groups import class_groups, group_means
 from training.models.backbone import create_backbone
 from training.models.schedule import warmup_cosine
 
@@ -42,10 +43,16 @@ class MultiLabelClassifier(L.LightningModule):
         )
         self.head = nn.Linear(self.backbone.num_features, len(self.labels))
         self.loss = build_loss(loss_cfg)
-        metric = partial(dict, num_labels=len(self.labels), average="macro", ignore_index=-1)
+        # Per-class values (average=None): torchmetrics' macro mean counts a class with no positive as AP 0,
+        # the challenge leaves it out. LabelCounts tells which classes are defined; all three sync under DDP.
+        metric = partial(dict, num_labels=len(self.labels), average=None, ignore_index=-1)
         self.val_metrics = MetricCollection(
-            {"mAP": MultilabelAveragePrecision(**metric()), "mAUROC": MultilabelAUROC(**metric())}, prefix="val/"
-        )
+            {"ap": MultilabelAveragePrecision(**metric()), "auroc": MultilabelAUROC(**metric()),
+             "counts": LabelCounts(len(self.labels))}
+        )  # fmt: skip
+        # Training prevalence travels with the weights, so head-to-tail groups survive checkpoint loading.
+        self.register_buffer("train_counts", torch.zeros(len(self.labels)))
+        self.register_buffer("train_size", torch.zeros(()))
         self._test_outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.test_result: dict | None = None
 
@@ -59,6 +66,8 @@ class MultiLabelClassifier(L.LightningModule):
         Called once before the first step (not on resume-sensitive state: the counts are recomputed from the
         same manifest, so a resumed run gets identical values).
         """
+        self.train_counts.copy_(torch.as_tensor(class_counts, dtype=torch.float32))
+        self.train_size.fill_(float(n_samples))
         self.loss.set_class_counts(torch.as_tensor(class_counts), n_samples)
         bias = self.loss.init_bias()
         if bias is not None:
@@ -88,8 +97,20 @@ class MultiLabelClassifier(L.LightningModule):
         probs = torch.sigmoid(self(batch["image"]))
         self.val_metrics.update(probs, batch["target"].long())
 
+    @property
+    def groups(self) -> dict[str, list[int]]:
+        """Head-to-tail groups of the output classes, from the training prevalence."""
+        return class_groups(self.labels, self.train_counts.cpu().numpy(), int(self.train_size.item()))
+
     def on_validation_epoch_end(self) -> None:
-        self.log_dict(self.val_metrics.compute(), prog_bar=True)
+        values = self.val_metrics.compute()
+        positives, negatives = values["counts"]
+        ap = torch.where(positives > 0, values["ap"], torch.nan)  # (C,)
+        auroc = torch.where((positives > 0) & (negatives > 0), values["auroc"], torch.nan)
+        self.log("val/mAP", ap.nanmean(), prog_bar=True)
+        self.log("val/mAUROC", auroc.nanmean(), prog_bar=True)
+        for group, value in group_means(ap.cpu().numpy(), self.groups).items():
+            self.log(f"val/group/{group}/mAP", value)
         self.val_metrics.reset()
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -108,6 +129,8 @@ class MultiLabelClassifier(L.LightningModule):
         probs = torch.cat([o[1] for o in self._test_outputs]).numpy()[order]  # (N, C)
         targets = torch.cat([o[2] for o in self._test_outputs]).numpy()[order]  # (N, C)
         summary = multilabel_summary(targets, probs, self.labels)
+        per_class = np.array([summary.get(f"ap/{name}", np.nan) for name in self.labels])
+        summary.update({f"group/{g}/mAP": v for g, v in group_means(per_class, self.groups).items()})
         self.log_dict({f"test/{key}": value for key, value in summary.items()})
         self.test_result = {"index": index[order], "probs": probs, "targets": targets, "metrics": summary}
 
@@ -126,3 +149,21 @@ class MultiLabelClassifier(L.LightningModule):
         schedule = partial(warmup_cosine, total_steps=total, warmup_steps=warmup, min_factor=cfg.get("min_lr_factor", 0.0))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class LabelCounts(Metric):
+    """Positives and negatives per class over the epoch (ignoring -1), summed across processes."""
+
+    full_state_update = False
+
+    def __init__(self, num_labels: int):
+        super().__init__()
+        self.add_state("positives", torch.zeros(num_labels), dist_reduce_fx="sum")
+        self.add_state("negatives", torch.zeros(num_labels), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
+        self.positives += (targets == 1).sum(dim=0)
+        self.negatives += (targets == 0).sum(dim=0)
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.positives, self.negatives

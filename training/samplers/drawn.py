@@ -1,0 +1,42 @@
+"""Shared machinery of samplers that draw a fresh index list every epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+class EpochDrawSampler(Sampler[int]):
+    """A sampler whose epoch is a seeded draw: ``draw(rng)`` returns this epoch's global index list.
+
+    Determinism: the draw of epoch ``e`` depends only on ``(seed, e)``, so a resumed run repeats the draws it
+    would have made. Lightning calls :meth:`set_epoch` each epoch on one device.
+
+    Under DDP, Lightning wraps a custom sampler in its ``DistributedSamplerWrapper``, which iterates this sampler
+    on every rank and gives each rank a disjoint slice of the same list. That wrapper does not forward
+    ``set_epoch``, so each iteration also advances the epoch by itself: every rank iterates the same number of
+    times, draws the same list, and the slices stay disjoint.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[int]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        indices = self.draw(rng)
+        self.epoch += 1
+        return iter(indices.tolist())
+
+
+def positives(targets: np.ndarray) -> np.ndarray:
+    """``(N, C)`` bool: labelled positive (missing labels, -1, count as not positive)."""
+    return np.asarray(targets) == 1
