@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup train crt ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -26,6 +26,10 @@ setup: $(STAMP) ## Create .venv and install everything (idempotent; instant when
 
 train: setup ## Train and test one model, tracked in MLflow: make train TASK=task1 ARGS="model=resnet18 loss=bce"
 	$(PY) -m training.train task=$(TASK) $(ARGS)
+
+crt: setup ## Classifier re-training on a finished run's frozen backbone: make crt RUN=<run id> [ARGS=...]
+	@test -n "$(RUN)" || { echo "usage: make crt RUN=<first-stage run id> [TASK=task1] [ARGS=...]"; exit 2; }
+	$(PY) -m training.train task=$(TASK) stage=crt stage.parent_run=$(RUN) $(ARGS)
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)

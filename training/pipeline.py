@@ -7,12 +7,12 @@ import tempfile
 from pathlib import Path
 
 import lightning.pytorch as L
-import pandas as pd
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.metrics import prevalence_baseline_map
+from evaluation.evaluate import evaluate, store
 from training.data.datamodule import CXRDataModule
 from training.models.module import MultiLabelClassifier
 from training.tracking.session import TrackingSession, open_session
@@ -45,15 +45,6 @@ def build_model(cfg: DictConfig) -> MultiLabelClassifier:
     )
 
 
-def predictions_frame(datamodule: CXRDataModule, split: str, result: dict, labels: list[str]) -> pd.DataFrame:
-    """Per-image probabilities (one column per class) beside the ground truth (``true/<class>``, -1 = unlabelled)."""
-    rows = datamodule.split_frame(split).iloc[result["index"]]
-    frame = rows[["image_id", "patient_id"] + [c for c in ("source", "view") if c in rows]].reset_index(drop=True)
-    probs = pd.DataFrame(result["probs"], columns=labels)
-    truth = pd.DataFrame(result["targets"].astype(int), columns=[f"true/{name}" for name in labels])
-    return pd.concat([frame, probs, truth], axis=1)
-
-
 def run_training(cfg: DictConfig) -> str:
     """Train, test and track one configuration; returns the MLflow run id.
 
@@ -72,9 +63,10 @@ def run_training(cfg: DictConfig) -> str:
         "dataset_fingerprint": manifest.fingerprint,
         "synthetic_data": str(datamodule.source.name == "synthetic").lower(),
     }
-    session = open_session(cfg, tags)
+    stage = instantiate({k: v for k, v in cfg.stage.items() if k != "name"})
+    session = open_session(cfg, {**tags, **stage.tags()})
     try:
-        _fit_and_test(cfg, datamodule, session)
+        _fit_and_test(cfg, datamodule, session, stage)
     except BaseException as error:
         session.close("KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED")
         raise
@@ -83,8 +75,9 @@ def run_training(cfg: DictConfig) -> str:
     return session.run_id
 
 
-def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingSession) -> None:
+def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingSession, stage) -> None:
     model = build_model(cfg)
+    stage.prepare(model, session.client)  # on resume the weights then come from last.ckpt; freezing still holds
     checkpoint = ModelCheckpoint(
         dirpath=session.checkpoint_dir, filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
         save_top_k=1, save_last=True, enable_version_counter=False,
@@ -95,19 +88,13 @@ def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingS
         raise KeyboardInterrupt("training was interrupted")
 
     best = Path(checkpoint.best_model_path)
-    trainer.test(model, datamodule=datamodule, ckpt_path=str(best), verbose=False)
-    labels = list(cfg.task.labels)
-    baseline = prevalence_baseline_map(model.test_result["targets"])
-    session.logger.log_metrics({"test/prevalence_baseline_mAP": baseline, "best_epoch": _epoch_of(best)})
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "test.csv"
-        predictions_frame(datamodule, "test", model.test_result, labels).to_csv(path, index=False)
-        session.log_artifact(path, "predictions")
-    session.log_artifact(best, "checkpoints")
-    log.info("test/mAP %.4f (prevalence baseline %.4f)", model.test_result["metrics"]["mAP"], baseline)
-
-
-def _epoch_of(checkpoint_path: Path) -> int:
-    import torch
-
-    return int(torch.load(checkpoint_path, map_location="cpu", weights_only=True)["epoch"])
+    state = torch.load(best, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["state_dict"])
+    session.log_metrics({"best_epoch": state["epoch"]})
+    if trainer.is_global_zero:
+        evaluation = evaluate(model, datamodule, cfg)
+        with tempfile.TemporaryDirectory() as tmp:
+            store(evaluation, session.log_metrics, session.log_artifacts, Path(tmp), cfg.evaluation.plots)
+        log.info("test/mAP %.4f [%.4f, %.4f] (prevalence baseline %.4f)", *(evaluation.metrics.get(k, float("nan"))
+                 for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/prevalence_baseline_mAP")))  # fmt: skip
+        session.log_artifact(best, "checkpoints")

@@ -115,10 +115,14 @@ class CXRDataModule(L.LightningDataModule):
         return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["val"])
+        return self.eval_dataloader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["test"])
+        return self.eval_dataloader("test")
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        """Un-augmented, un-shuffled loader over a split, in manifest order."""
+        return self._loader(self.datasets[split])
 
     def _loader(self, dataset, shuffle=False, sampler=None, drop_last=False) -> DataLoader:
         return DataLoader(

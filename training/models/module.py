@@ -53,8 +53,6 @@ class MultiLabelClassifier(L.LightningModule):
         # Training prevalence travels with the weights, so head-to-tail groups survive checkpoint loading.
         self.register_buffer("train_counts", torch.zeros(len(self.labels)))
         self.register_buffer("train_size", torch.zeros(()))
-        self._test_outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.test_result: dict | None = None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, 1, H, W)`` images to ``(B, C)`` logits."""
@@ -79,7 +77,14 @@ class MultiLabelClassifier(L.LightningModule):
         if stage == "fit" and datamodule is not None:
             self.set_label_statistics(datamodule.class_counts, datamodule.n_train)
 
+    def freeze_backbone(self) -> None:
+        """Train the head only (cRT): no gradients into the backbone and its normalisation statistics fixed."""
+        self.backbone.requires_grad_(False)
+        self.backbone_frozen = True
+
     def on_train_epoch_start(self) -> None:
+        if getattr(self, "backbone_frozen", False):
+            self.backbone.eval()  # Lightning puts the whole module in train mode each epoch
         self.loss.on_epoch_start(self.current_epoch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -112,27 +117,6 @@ class MultiLabelClassifier(L.LightningModule):
         for group, value in group_means(ap.cpu().numpy(), self.groups).items():
             self.log(f"val/group/{group}/mAP", value)
         self.val_metrics.reset()
-
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        probs = torch.sigmoid(self(batch["image"]))
-        self._test_outputs.append((batch["index"].cpu(), probs.cpu(), batch["target"].cpu()))
-
-    def on_test_epoch_start(self) -> None:
-        self._test_outputs.clear()
-
-    def on_test_epoch_end(self) -> None:
-        """Score the whole split at once with the evaluation package (sklearn's AP), keep predictions."""
-        from evaluation.metrics import multilabel_summary
-
-        index = torch.cat([o[0] for o in self._test_outputs]).numpy()
-        order = np.argsort(index)
-        probs = torch.cat([o[1] for o in self._test_outputs]).numpy()[order]  # (N, C)
-        targets = torch.cat([o[2] for o in self._test_outputs]).numpy()[order]  # (N, C)
-        summary = multilabel_summary(targets, probs, self.labels)
-        per_class = np.array([summary.get(f"ap/{name}", np.nan) for name in self.labels])
-        summary.update({f"group/{g}/mAP": v for g, v in group_means(per_class, self.groups).items()})
-        self.log_dict({f"test/{key}": value for key, value in summary.items()})
-        self.test_result = {"index": index[order], "probs": probs, "targets": targets, "metrics": summary}
 
     def configure_optimizers(self):
         cfg = self.hparams.model_cfg

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,11 +73,28 @@ class TrackingSession:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        """Log final (non-epoch) metrics in MLflow's batch-size chunks."""
+        log_metric_batch(self.client, self.run_id, metrics, step)
+
     def close(self, status: str) -> None:
         """Mark the run FINISHED, FAILED or KILLED; on success drop the local working checkpoints."""
         self.client.set_terminated(self.run_id, status)
         if status == "FINISHED":
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+
+
+def log_metric_batch(client, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """``log_batch`` in chunks of MLflow's 1,000-metric limit, one timestamp for all."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
+    for start in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[start : start + 1000])
 
 
 def tracking_uri(cfg: DictConfig) -> str:

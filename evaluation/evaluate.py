@@ -1,0 +1,169 @@
+"""Judge a trained model on its data module: every metric set of the tracking contract, plots and a report.
+
+Metric sets (DESIGN §4), each with bootstrap CIs on its macro metrics:
+
+- ``test/...``: plain predictions, per class, per head-to-tail group, per source (``test/source/<name>/...``);
+- ``test_<postprocessor>/...``: optional logit post-processing (normal gating, logit adjustment);
+- ``test_tta/...``: test-time augmentation, never mixed into ``test/``;
+- ``test_perturbed/...``: the challenge's fixed perturbed copy of the test set, plus ``test_perturbed/delta/...``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+
+from evaluation.metrics import prevalence_baseline_map
+from evaluation.perturb import perturbed_set
+from evaluation.plots import write_plots
+from evaluation.report import write_report
+from evaluation.suite import SuiteResult, compute_suite
+from evaluation.thresholds import select_thresholds
+from evaluation.tta import TTAPredictor
+
+log = logging.getLogger(__name__)
+
+MACROS = ("mAP", "mAUROC", "mF1", "mPrecision", "mRecall", "mECE", "ECE_pooled")
+
+
+@dataclass
+class MetricSet:
+    """One evaluated variant of the test predictions."""
+
+    prefix: str
+    probs: np.ndarray
+    result: SuiteResult
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Evaluation:
+    """Everything an evaluation produced: the metric sets, the flat metrics to log, and the split predictions."""
+
+    sets: dict[str, MetricSet]
+    metrics: dict[str, float]
+    predictions: dict[str, pd.DataFrame]
+    labels: list[str]
+    groups: dict[str, list[int]]
+    train_prevalence: np.ndarray
+    sources: dict[str, dict[str, float]]
+
+
+def predict(model, datamodule, split: str, predictor: TTAPredictor | None = None) -> np.ndarray:
+    """``(N, C)`` probabilities of a split in manifest order (plain unless a TTA predictor is given)."""
+    predictor = predictor or TTAPredictor(["identity"])
+    return predictor.predict(model, datamodule.eval_dataloader(split))
+
+
+def _frame(datamodule, split: str, probs: np.ndarray, labels: list[str]) -> pd.DataFrame:
+    rows = datamodule.split_frame(split)
+    meta = rows[["image_id", "patient_id"] + [c for c in ("source", "view") if c in rows]].reset_index(drop=True)
+    truth = datamodule.datasets[split].targets.numpy().astype(int)
+    return pd.concat(
+        [meta, pd.DataFrame(probs, columns=labels), pd.DataFrame(truth, columns=[f"true/{n}" for n in labels])], axis=1
+    )
+
+
+def _prefixed(prefix: str, metrics: dict[str, float], macros_only: bool = False) -> dict[str, float]:
+    keep = (lambda key: key.split("_ci_")[0] in MACROS or key.startswith("group/")) if macros_only else (lambda key: True)
+    return {f"{prefix}/{key}": value for key, value in metrics.items() if keep(key) and np.isfinite(value)}
+
+
+def evaluate(model, datamodule, cfg) -> Evaluation:
+    """Run every configured metric set on the test split.
+
+    Args:
+        model: a ``MultiLabelClassifier`` holding the weights to judge (the best checkpoint).
+        datamodule: the set-up ``CXRDataModule`` the model was trained on.
+        cfg: the ``evaluation`` config node, plus ``tta`` (see ``configs/evaluation``, ``configs/tta``).
+    """
+    labels = list(model.labels)
+    groups = model.groups
+    prevalence = model.train_counts.cpu().numpy() / max(float(model.train_size), 1.0)
+    suite = dict(labels=labels, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
+                 threshold=cfg.evaluation.threshold, class_groups=groups)  # fmt: skip
+    test_targets = datamodule.datasets["test"].targets.numpy()
+    val_targets = datamodule.datasets["val"].targets.numpy()
+    val_probs = predict(model, datamodule, "val")
+    suite["val_thresholds"] = select_thresholds(val_targets, val_probs)
+    test_probs = predict(model, datamodule, "test")
+    predictions = {"val": _frame(datamodule, "val", val_probs, labels), "test": _frame(datamodule, "test", test_probs, labels)}
+
+    sets: dict[str, MetricSet] = {}
+
+    def add(prefix: str, probs: np.ndarray, macros_only: bool, **overrides) -> MetricSet:
+        result = compute_suite(test_targets, probs, **{**suite, **overrides})
+        metric_set = MetricSet(prefix, probs, result, _prefixed(prefix, result.metrics, macros_only))
+        sets[prefix] = metric_set
+        return metric_set
+
+    add("test", test_probs, macros_only=False)
+    for spec in cfg.evaluation.postprocess or []:
+        processor = instantiate(spec)
+        # Thresholds re-chosen on post-processed validation scores: the processors change the probability scale.
+        thresholds = select_thresholds(val_targets, processor(val_probs, labels, prevalence))
+        add(f"test_{processor.name}", processor(test_probs, labels, prevalence), True, val_thresholds=thresholds)
+    if cfg.tta.enabled:
+        predictor = TTAPredictor.from_config(cfg.tta)
+        tta_probs = predictor.predict(model, datamodule.eval_dataloader("test"))
+        add("test_tta", tta_probs, macros_only=True)
+        predictions["test_tta"] = _frame(datamodule, "test", tta_probs, labels)
+    if cfg.evaluation.perturbation.enabled:
+        perturbed_probs = _predict_perturbed(model, datamodule, cfg.evaluation.perturbation)
+        base = add("test_perturbed", perturbed_probs, macros_only=True)
+        for macro in MACROS:
+            key = f"test_perturbed/{macro}"
+            if key in base.metrics and f"test/{macro}" in sets["test"].metrics:
+                base.metrics[f"test_perturbed/delta/{macro}"] = base.metrics[key] - sets["test"].metrics[f"test/{macro}"]
+        predictions["test_perturbed"] = _frame(datamodule, "test", perturbed_probs, labels)
+
+    sources = _per_source(datamodule, test_targets, test_probs, suite) if cfg.evaluation.per_source else {}
+    metrics = {k: v for s in sets.values() for k, v in s.metrics.items()}
+    metrics.update({f"test/source/{name}/{k}": v for name, values in sources.items() for k, v in values.items()})
+    metrics["test/prevalence_baseline_mAP"] = prevalence_baseline_map(test_targets)
+    return Evaluation(sets, metrics, predictions, labels, groups, prevalence, sources)
+
+
+def _predict_perturbed(model, datamodule, cfg) -> np.ndarray:
+    """Predictions on the fixed perturbed test copy, generated once per (dataset, split, size, seed) and cached."""
+    dataset = datamodule.datasets["test"]
+    images = dataset.images if dataset.images is not None else np.stack([dataset.image(i) for i in range(len(dataset))])
+    fingerprint = f"{datamodule.manifest.fingerprint}-test-n{len(dataset)}"
+    perturbed = perturbed_set(images, dataset.image_ids, fingerprint, seed=cfg.seed, cache_dir=cfg.cache_dir)
+    return TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(model, perturbed)
+
+
+def _per_source(datamodule, targets, probs, suite) -> dict[str, dict[str, float]]:
+    """Macro metrics with CIs per centre, the bootstrap done within each centre's images."""
+    rows = datamodule.split_frame("test")
+    if "source" not in rows or rows["source"].nunique() < 2:
+        return {}
+    out = {}
+    for name, index in rows.groupby("source").indices.items():
+        result = compute_suite(targets[index], probs[index], **{**suite, "class_groups": None})
+        out[str(name)] = {k: v for k, v in result.metrics.items() if k.split("_ci_")[0] in MACROS and np.isfinite(v)}
+    return out
+
+
+def store(evaluation: Evaluation, log_metrics: Callable[[dict], None], log_artifacts: Callable[[Path, str], None],
+          workdir: Path, make_plots: bool = True) -> None:  # fmt: skip
+    """Log the metrics and write predictions, plots, ``metrics.json`` and ``report.md`` as run artifacts."""
+    log_metrics(evaluation.metrics)
+    predictions = workdir / "predictions"
+    predictions.mkdir(parents=True, exist_ok=True)
+    for split, frame in evaluation.predictions.items():
+        frame.to_csv(predictions / f"{split}.csv", index=False)
+    log_artifacts(predictions, "predictions")
+    report = workdir / "evaluation"
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=1, sort_keys=True))
+    plots = write_plots(evaluation, report) if make_plots else []
+    write_report(evaluation, report / "report.md", plots)
+    log_artifacts(report, "evaluation")

@@ -1,0 +1,317 @@
+"""The challenge's metric suite with case-level bootstrap CIs, in one vectorised pass over chunks of resamples.
+
+Metrics (DESIGN §1 / CXR-LT rules): AP, AUROC, F1/precision/recall at a fixed threshold (``prob >= t``), the same
+at per-class thresholds chosen on validation (``*_valthr``), ECE per class (15 equal-width bins) and pooled over
+all (image, class) pairs. Macro means run over the classes with at least one labelled positive (AUROC: a positive
+and a negative); entries with target -1 are left out per class. Every macro mean gets a percentile CI from
+``n_boot`` case-level resamples (whole images drawn with replacement); within a resample a class without a
+positive (AUROC: or without a negative) is left out of that resample's mean.
+
+Why it is fast: each class is sorted once; a resample is a vector of per-image counts, and every metric of the
+resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``). Per class, a
+chunk of resamples is one sparse product mapping image counts to a few segment weights (about three per positive),
+then prefix sums over those segments and fixed-position reads. Memory is bounded by the chunk size whatever
+``n_boot`` is. The per-resample, per-class values are kept, so macro CIs of any subset of classes (head-to-tail
+groups) reuse the same resamples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci
+from evaluation.calibration import ece_from_bins
+from evaluation.ranking import N_BINS, ClassPlan, ap_auroc
+from evaluation.thresholds import (
+    DEFAULT_THRESHOLD,
+    confusion_at,
+    f1_precision_recall_from_counts,
+    thresholds_from_mapping,
+)
+
+MACRO_NAMES: dict[str, str] = {
+    "ap": "mAP",
+    "auroc": "mAUROC",
+    "f1": "mF1",
+    "precision": "mPrecision",
+    "recall": "mRecall",
+    "ece": "mECE",
+    "f1_valthr": "mF1_valthr",
+    "precision_valthr": "mPrecision_valthr",
+    "recall_valthr": "mRecall_valthr",
+}
+"""Per-class metric key -> name of its macro mean."""
+
+VALTHR_METRICS = ("f1_valthr", "precision_valthr", "recall_valthr")
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """Flat metrics plus the per-class point values and per-resample values behind them.
+
+    Attributes:
+        metrics: flat ``{name: value}`` ready for MLflow: macro means with ``_ci_low``/``_ci_high``, ``ECE_pooled``
+            (+CI), per-class ``<metric>/<class>`` for the classes entering the macro mean, ``group/<g>/<macro>``
+            (+CI) when groups were given. Macro means over no defined class are NaN.
+        labels: class names, in column order.
+        per_class: ``{metric: (C,)}`` point values, NaN where the class is undefined for that metric.
+        replicates: ``{metric: (B, C)}`` values in each resample, NaN where undefined in that resample.
+        pooled_ece_replicates: ``(B,)`` pooled ECE of each resample.
+        val_thresholds: ``(C,)`` thresholds used for the ``*_valthr`` metrics, or ``None``.
+    """
+
+    metrics: dict[str, float]
+    labels: tuple[str, ...]
+    per_class: dict[str, np.ndarray]
+    replicates: dict[str, np.ndarray]
+    pooled_ece_replicates: np.ndarray
+    val_thresholds: np.ndarray | None = None
+    n_boot: int = 0
+    seed: int = 0
+    ci: float = 0.95
+
+    def _columns(self, classes: Sequence[int | str] | None) -> np.ndarray:
+        if classes is None:
+            return np.arange(len(self.labels))
+        return np.array([_class_index(cls, self.labels) for cls in classes], dtype=np.int64)
+
+    def macro(self, metric: str, classes: Sequence[int | str] | None = None) -> tuple[float, float, float]:
+        """Macro mean of ``metric`` over ``classes`` (indices or names; all by default) with its bootstrap CI.
+
+        Args:
+            metric: per-class key (``"ap"``) or macro name (``"mAP"``).
+            classes: subset of classes, e.g. one head-to-tail group.
+
+        Returns:
+            ``(point, ci_low, ci_high)``; the CI is NaN when ``n_boot`` is 0.
+        """
+        key = _metric_key(metric)
+        if key not in self.per_class:
+            raise ValueError(f"metric {metric!r} was not computed (val_thresholds missing?)")
+        cols = self._columns(classes)
+        point = float(_macro(self.per_class[key][None, cols])[0])
+        if self.n_boot == 0:
+            return point, float("nan"), float("nan")
+        low, high = percentile_ci(_macro(self.replicates[key][:, cols]), self.ci)
+        return point, low, high
+
+    def group_metrics(self, groups: Mapping[str, Sequence[int | str]]) -> dict[str, float]:
+        """``group/<g>/<macro>`` with ``_ci_low``/``_ci_high`` for every macro metric, from the same resamples."""
+        out: dict[str, float] = {}
+        for group, members in groups.items():
+            for key in self.per_class:
+                point, low, high = self.macro(key, members)
+                name = f"group/{group}/{MACRO_NAMES[key]}"
+                out[name] = point
+                if self.n_boot:
+                    out[f"{name}_ci_low"], out[f"{name}_ci_high"] = low, high
+        return out
+
+
+def _metric_key(metric: str) -> str:
+    if metric in MACRO_NAMES:
+        return metric
+    for key, macro in MACRO_NAMES.items():
+        if metric == macro:
+            return key
+    raise ValueError(f"unknown metric {metric!r}; expected one of {sorted(MACRO_NAMES) + sorted(MACRO_NAMES.values())}")
+
+
+def _class_index(cls: int | str, labels: Sequence[str]) -> int:
+    if isinstance(cls, str):
+        if cls not in labels:
+            raise ValueError(f"unknown class {cls!r} in class_groups")
+        return list(labels).index(cls)
+    index = int(cls)
+    if not 0 <= index < len(labels):
+        raise ValueError(f"class index {index} in class_groups is out of range for {len(labels)} classes")
+    return index
+
+
+def _macro(values: np.ndarray) -> np.ndarray:
+    """Mean over classes (axis 1) of the defined (finite) values: ``(B, C)`` -> ``(B,)``; NaN where none is."""
+    defined = np.isfinite(values)
+    count = defined.sum(axis=1)
+    total = np.where(defined, values, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def validate_inputs(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Check shapes and values, naming the first offending row/column; returns float64 copies-or-views.
+
+    Raises:
+        ValueError: shape mismatch, label count mismatch, empty input, non-finite or out-of-[0, 1] probabilities,
+            or targets outside {-1, 0, 1}.
+    """
+    targets = np.asarray(targets)
+    probs = np.asarray(probs)
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be a 2-D (N, C) array, got shape {probs.shape}")
+    if targets.shape != probs.shape:
+        raise ValueError(f"targets shape {targets.shape} does not match probs shape {probs.shape}")
+    if len(labels) != probs.shape[1]:
+        raise ValueError(f"got {len(labels)} labels for {probs.shape[1]} columns of targets/probs")
+    if probs.shape[0] == 0 or probs.shape[1] == 0:
+        raise ValueError(f"targets/probs need at least one row and one column, got shape {probs.shape}")
+    if targets.dtype.kind not in "biuf" or probs.dtype.kind not in "biuf":
+        raise ValueError(f"targets/probs must be numeric, got dtypes {targets.dtype} and {probs.dtype}")
+    probs = probs.astype(np.float64, copy=False)
+    bad = ~np.isfinite(probs)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(
+            f"probs has a non-finite value ({probs[row, col]}) at row {row}, column {col} ({labels[col]!r})"
+        )
+    bad = (probs < 0) | (probs > 1)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(f"probs must lie in [0, 1]; row {row}, column {col} ({labels[col]!r}) has {probs[row, col]}")
+    bad = ~np.isin(targets, (-1, 0, 1))
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(
+            f"targets must be -1 (not labelled), 0 or 1; row {row}, column {col} ({labels[col]!r}) has "
+            f"{targets[row, col]}"
+        )
+    return targets.astype(np.int8), probs
+
+
+def _evaluate(
+    plans: list[ClassPlan], counts_t: np.ndarray, threshold: float, val_thresholds: np.ndarray | None
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """All per-class metrics for a chunk of count vectors ``(N, b)``: ``{metric: (b, C)}`` and pooled ECE ``(b,)``."""
+    b, n_classes = counts_t.shape[1], len(plans)
+    keys = list(MACRO_NAMES) if val_thresholds is not None else [k for k in MACRO_NAMES if k not in VALTHR_METRICS]
+    out = {key: np.full((b, n_classes), np.nan) for key in keys}
+    pooled_residuals = np.zeros((plans[0].n_bins, b))  # (n_bins, b)
+    pooled_total = np.zeros(b)
+    for c, plan in enumerate(plans):
+        if plan.n_labelled == 0:
+            continue
+        stats = plan.stats(counts_t)
+        out["ap"][:, c], out["auroc"][:, c] = ap_auroc(plan, stats)
+        pooled_residuals += stats.residual
+        pooled_total += stats.total
+        no_pos = stats.positives <= 0  # (b,) class left out of this resample's macro means
+        out["ece"][:, c] = np.where(no_pos, np.nan, ece_from_bins(stats.residual, stats.total))
+        metrics = [("", threshold)] + ([("_valthr", val_thresholds[c])] if val_thresholds is not None else [])
+        for suffix, t in metrics:
+            for key, value in zip(
+                ("f1", "precision", "recall"),
+                f1_precision_recall_from_counts(*confusion_at(plan, stats, t)),
+                strict=True,
+            ):
+                out[key + suffix][:, c] = np.where(no_pos, np.nan, value)
+    return out, ece_from_bins(pooled_residuals, pooled_total)
+
+
+def compute_suite(
+    targets: np.ndarray,
+    probs: np.ndarray,
+    labels: Sequence[str],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    threshold: float = DEFAULT_THRESHOLD,
+    val_thresholds: Sequence[float] | Mapping[str, float] | np.ndarray | None = None,
+    ci: float = 0.95,
+    chunk: int | None = None,
+    class_groups: Mapping[str, Sequence[int | str]] | None = None,
+    n_bins: int = N_BINS,
+) -> SuiteResult:
+    """Every challenge metric with bootstrap CIs on one split.
+
+    Args:
+        targets: ``(N, C)`` in {-1, 0, 1}; -1 = not labelled, left out for that class.
+        probs: ``(N, C)`` probabilities in [0, 1].
+        labels: ``C`` class names (used in metric keys).
+        n_boot: number of case-level resamples; 0 skips the CIs.
+        seed: integer seed of the resamples (``evaluation.bootstrap``).
+        threshold: fixed decision threshold; positive iff ``prob >= threshold``.
+        val_thresholds: per-class thresholds chosen on validation (``evaluation.thresholds.select_thresholds``), as
+            a ``(C,)`` sequence or ``{class: threshold}``; adds the ``*_valthr`` metrics. They stay fixed across
+            resamples, so those CIs reflect test-set sampling only.
+        ci: CI coverage (0.95 -> 2.5th and 97.5th percentiles).
+        chunk: resamples per chunk (memory bound); default from ``bootstrap.auto_chunk``.
+        class_groups: ``{group: [class index or name, ...]}``; adds ``group/<g>/<macro>`` with CIs.
+        n_bins: ECE bins.
+
+    Returns:
+        ``SuiteResult``; ``.metrics`` holds ``mAP``, ``mAUROC``, ``mF1``, ``mPrecision``, ``mRecall``, ``mECE``,
+        ``ECE_pooled`` (each with ``_ci_low``/``_ci_high`` when ``n_boot > 0``), ``*_valthr`` macros when thresholds
+        are given, and ``ap/<class>``, ``auroc/<class>``, ``f1/<class>``, ``precision/<class>``, ``recall/<class>``,
+        ``ece/<class>`` (and ``*_valthr/<class>``) for the classes entering each macro mean.
+
+    Raises:
+        ValueError: invalid inputs (see ``validate_inputs``) or arguments.
+    """
+    targets, probs = validate_inputs(targets, probs, labels)
+    labels = tuple(labels)
+    if not np.isfinite(threshold) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+    if int(n_boot) != n_boot or n_boot < 0:
+        raise ValueError(f"n_boot must be a non-negative integer, got {n_boot}")
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci}")
+    if int(n_bins) != n_bins or n_bins < 1:
+        raise ValueError(f"n_bins must be a positive integer, got {n_bins}")
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    thresholds = None if val_thresholds is None else thresholds_from_mapping(val_thresholds, labels)
+    for members in (class_groups or {}).values():
+        for cls in members:
+            _class_index(cls, labels)  # raises on an unknown class
+    n_items, n_classes = probs.shape
+    n_boot = int(n_boot)
+
+    plans = []
+    for c in range(n_classes):
+        planned = (threshold,) if thresholds is None else (threshold, float(thresholds[c]))
+        plans.append(ClassPlan.build(targets[:, c], probs[:, c], thresholds=planned, n_bins=n_bins))
+
+    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds)
+    replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
+    pooled_replicates = np.full(n_boot, np.nan)
+    if n_boot:
+        for rows, counts in iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot)):
+            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds)
+            for key, array in values.items():
+                replicates[key][rows] = array
+            pooled_replicates[rows] = pooled
+
+    result = SuiteResult(
+        metrics={},
+        labels=labels,
+        per_class={key: values[0] for key, values in point.items()},
+        replicates=replicates,
+        pooled_ece_replicates=pooled_replicates,
+        val_thresholds=thresholds,
+        n_boot=n_boot,
+        seed=int(seed),
+        ci=float(ci),
+    )
+    metrics = result.metrics
+    for key in point:
+        value, low, high = result.macro(key)
+        metrics[MACRO_NAMES[key]] = value
+        if n_boot:
+            metrics[f"{MACRO_NAMES[key]}_ci_low"], metrics[f"{MACRO_NAMES[key]}_ci_high"] = low, high
+    metrics["ECE_pooled"] = float(pooled_point[0])
+    if n_boot:
+        metrics["ECE_pooled_ci_low"], metrics["ECE_pooled_ci_high"] = percentile_ci(pooled_replicates, ci)
+    for key, values in result.per_class.items():
+        for name, value in zip(labels, values, strict=True):
+            if np.isfinite(value):
+                metrics[f"{key}/{name}"] = float(value)
+    if class_groups is not None:
+        metrics.update(result.group_metrics(class_groups))
+    return result
+
+
+def group_metrics(result: SuiteResult, groups: Mapping[str, Sequence[int | str]]) -> dict[str, float]:
+    """Macro metrics with CIs per class group from an existing result (same resamples); see ``SuiteResult``."""
+    return result.group_metrics(groups)
