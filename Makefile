@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train crt ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup train crt compare evaluate ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -30,6 +30,21 @@ train: setup ## Train and test one model, tracked in MLflow: make train TASK=tas
 crt: setup ## Classifier re-training on a finished run's frozen backbone: make crt RUN=<run id> [ARGS=...]
 	@test -n "$(RUN)" || { echo "usage: make crt RUN=<first-stage run id> [TASK=task1] [ARGS=...]"; exit 2; }
 	$(PY) -m training.train task=$(TASK) stage=crt stage.parent_run=$(RUN) $(ARGS)
+
+LOSSES ?= bce asl ldam db
+SEEDS ?= 3
+comma := ,
+empty :=
+space := $(empty) $(empty)
+compare: setup ## Grid over losses x seeds, then a mean±std table: make compare TASK=task1 LOSSES="bce asl" SEEDS=3
+	$(eval GRID := $(TASK)-$(shell date +%Y%m%d-%H%M%S))
+	$(PY) -m training.train -m task=$(TASK) loss=$(subst $(space),$(comma),$(strip $(LOSSES))) \
+		seed=$(shell seq -s, 0 $$(($(SEEDS)-1))) +tags.grid=$(GRID) trainer.enable_progress_bar=false $(ARGS)
+	$(PY) -m evaluation.compare --experiment $(TASK) --grid $(GRID) --by loss.name
+
+evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<run id> [ARGS="tta=multicrop"]
+	@test -n "$(RUN)" || { echo "usage: make evaluate RUN=<run id> [ARGS=...]"; exit 2; }
+	$(PY) -m evaluation.cli run=$(RUN) $(ARGS)
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)

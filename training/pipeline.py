@@ -62,6 +62,7 @@ def run_training(cfg: DictConfig) -> str:
         "data_source": datamodule.source.name,
         "dataset_fingerprint": manifest.fingerprint,
         "synthetic_data": str(datamodule.source.name == "synthetic").lower(),
+        **{f"cxrlt.{key}": str(value) for key, value in (cfg.get("tags") or {}).items()},
     }
     stage = instantiate({k: v for k, v in cfg.stage.items() if k != "name"})
     session = open_session(cfg, {**tags, **stage.tags()})

@@ -1,0 +1,56 @@
+"""Summarise a grid of runs: mean +/- std over seeds of test mAP and head-to-tail group mAP.
+
+``make compare`` launches the grid with Hydra's multirun and tags every run with one grid id; this reads the
+runs back from MLflow, so the table can be rebuilt any time from the tracking store alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import pandas as pd
+from mlflow import MlflowClient
+
+from evaluation.groups import GROUPS
+
+COLUMNS = ["test/mAP", "test/mAUROC"] + [f"test/group/{g}/mAP" for g in GROUPS] + ["test_perturbed/mAP"]
+
+
+def grid_table(client: MlflowClient, experiment: str, grid: str, by: str) -> pd.DataFrame:
+    """One row per value of param ``by``: ``mean ± std (n)`` of each column over the grid's finished runs."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(f"no MLflow experiment named {experiment!r}")
+    runs = client.search_runs([found.experiment_id], filter_string=f"tags.`cxrlt.grid` = '{grid}'")
+    runs = [r for r in runs if r.info.status == "FINISHED"]
+    if not runs:
+        raise ValueError(f"no finished runs tagged cxrlt.grid={grid!r} in experiment {experiment!r}")
+    frame = pd.DataFrame([{by: r.data.params.get(by, "?"), **{c: r.data.metrics.get(c, np.nan) for c in COLUMNS}}
+                          for r in runs])  # fmt: skip
+    rows = []
+    for value, group in frame.groupby(by, sort=False):
+        row = {by: value, "runs": len(group)}
+        for column in COLUMNS:
+            values = group[column].dropna()
+            if len(values):
+                row[column.removeprefix("test/")] = f"{values.mean():.4f} ± {values.std(ddof=1) if len(values) > 1 else 0:.4f}"
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(by)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--grid", required=True, help="the cxrlt.grid tag of the runs")
+    parser.add_argument("--by", default="loss.name", help="param to group rows by (default loss.name)")
+    args = parser.parse_args()
+    client = MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlruns/mlflow.db")
+    table = grid_table(client, args.experiment, args.grid, args.by)
+    print(f"\ngrid {args.grid} in experiment {args.experiment}: mean ± std over seeds\n")
+    print(table.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
