@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train crt compare evaluate ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup train crt compare evaluate score ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<ru
 	@test -n "$(RUN)" || { echo "usage: make evaluate RUN=<run id> [ARGS=...]"; exit 2; }
 	$(PY) -m evaluation.cli run=$(RUN) $(ARGS)
 
+score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=manifest.csv [SPLIT=test]
+	$(PY) -m evaluation.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK)
+
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)
 
@@ -68,6 +71,7 @@ format: setup ## Apply ruff's fixes and formatting
 
 bench: setup ## Benchmarks, printing ratios measured side by side in one run
 	$(PY) tests/bench/bench_throughput.py
+	$(PY) tests/bench/bench_metrics.py
 
 clean: ## Remove generated data, working checkpoints and caches (keeps the MLflow store and .venv)
 	rm -rf data/synthetic mlruns/checkpoints .pytest_cache .ruff_cache

@@ -57,9 +57,15 @@ def test_smoke_run_logs_the_contracted_keys(smoke_runs):
     params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
     assert params["model.backbone"] == "convnext_atto" and params["loss._target_"].endswith("BCELoss")
     assert params["trainer.max_epochs"] == "1"
-    for key in ("train/loss", "val/mAP", "val/mAUROC", "test/mAP", "test/mAUROC", "test/prevalence_baseline_mAP"):
+    for key in ("train/loss", "val/mAP", "val/mAUROC", "test/mAP", "test/mAUROC", "test/prevalence_baseline_mAP",
+                "test/mAP_ci_low", "test/mAP_ci_high", "test/mF1", "test/mPrecision", "test/mRecall", "test/mECE",
+                "test/mF1_valthr", "test_tta/mAP", "test_perturbed/mAP", "test_perturbed/delta/mAP",
+                "test/source/centre_a/mAP", "test/source/centre_b/mAP_ci_low", "best_epoch"):  # fmt: skip
         assert key in metrics, key
-    assert 0.0 <= metrics["test/mAP"] <= 1.0
+    assert metrics["test/mAP_ci_low"] <= metrics["test/mAP"] <= metrics["test/mAP_ci_high"]
+    assert metrics["test_perturbed/delta/mAP"] == pytest.approx(metrics["test_perturbed/mAP"] - metrics["test/mAP"])
+    assert any(key.startswith("test/group/") and key.endswith("/mAP") for key in metrics)
+    assert any(key.startswith("val/group/") for key in metrics)
     assert {f"test/ap/{name}" for name in TASK1_LABELS} <= set(metrics)
     assert len(client.get_metric_history(run.info.run_id, "val/mAP")) == 1
     assert tags["task"] == "task1" and tags["data_source"] == "synthetic" and tags["synthetic_data"] == "true"
@@ -73,7 +79,12 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     run = _runs(client)["convnext_atto"]
     run_id = run.info.run_id
     top = {a.path for a in client.list_artifacts(run_id)}
-    assert {"config.yaml", "checkpoints", "predictions"} <= top
+    assert {"config.yaml", "checkpoints", "predictions", "evaluation"} <= top
+    evaluation = {a.path.split("/")[-1] for a in client.list_artifacts(run_id, "evaluation")}
+    assert {"report.md", "metrics.json", "pr_curves.png", "reliability.png", "head_to_tail.png",
+            "perturbation_deltas.png"} <= evaluation  # fmt: skip
+    splits = {a.path.split("/")[-1] for a in client.list_artifacts(run_id, "predictions")}
+    assert splits == {"val.csv", "test.csv", "test_tta.csv", "test_perturbed.csv"}
     checkpoints = client.list_artifacts(run_id, "checkpoints")
     assert [a.path for a in checkpoints] == ["checkpoints/best.ckpt"]
     config = client.download_artifacts(run_id, "config.yaml", str(tmp_path))
@@ -135,3 +146,49 @@ def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
+    tmp, client, _ = smoke_runs
+    parent = _runs(client)["resnet18"]
+    import os
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+    done = subprocess.run(
+        train_command(tmp, "debug=smoke", "model=resnet18", f"data.source.root={tmp}/synthetic", "stage=crt",
+                      f"stage.parent_run={parent.info.run_id}", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
+                      "tta.enabled=false", "evaluation.perturbation.enabled=false"),
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    experiment = client.get_experiment_by_name("task1")
+    (crt,) = client.search_runs([experiment.experiment_id], filter_string="tags.`cxrlt.stage` = 'crt'")
+    assert crt.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert crt.info.run_name == "resnet18-bce-class_aware-s42-crt" and crt.data.params["sampler.name"] == "class_aware"
+    import torch
+
+    def state(run):
+        path = client.download_artifacts(run.info.run_id, "checkpoints/best.ckpt", str(tmp / run.info.run_id))
+        return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+    before, after = state(parent), state(crt)
+    backbone = [k for k in before if k.startswith("backbone.") and before[k].is_floating_point()]
+    assert backbone and all(torch.equal(before[k], after[k]) for k in backbone)  # frozen, BN statistics included
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+
+
+def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
+    tmp, client, _ = smoke_runs
+    run = _runs(client)["convnext_atto"]
+    import os
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+    done = subprocess.run(
+        [sys.executable, "-m", "evaluation.cli", f"run={run.info.run_id}", "evaluation=postprocess",
+         "evaluation.n_boot=50", "tta.enabled=false", "evaluation.perturbation.enabled=false"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = client.get_run(run.info.run_id).data.metrics
+    assert metrics["test/mAP"] == pytest.approx(run.data.metrics["test/mAP"])  # same checkpoint, same data
+    assert "test_gated/mAP" in metrics and "test_logit_adjusted/mAP" in metrics

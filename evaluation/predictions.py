@@ -1,0 +1,54 @@
+"""Reading a predictions CSV (ours, or a team's own submission draft) and aligning it with the ground truth."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+
+class PredictionsError(ValueError):
+    """Predictions that cannot be scored; the message names the file, row and column."""
+
+
+def align_predictions(predictions: pd.DataFrame, truth: pd.DataFrame, labels: Sequence[str], source: str = "predictions"
+                      ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Match predictions to ground-truth rows by ``image_id`` and return ``(targets, probs)``, both ``(N, C)``.
+
+    Every check reports what is wrong where, so a broken export is fixed in one round:
+    missing id column or class columns, duplicated ids, ids absent from or extra to the ground truth,
+    NaN or non-numeric cells, probabilities outside [0, 1].
+
+    Args:
+        predictions: ``image_id`` plus one probability column per label.
+        truth: ``image_id`` plus one column per label (1, 0, or NaN for not labelled).
+        labels: class columns to score, in order.
+        source: file name used in messages.
+    """
+    if "image_id" not in predictions:
+        raise PredictionsError(f"{source}: no 'image_id' column (columns: {list(predictions.columns)[:8]}...)")
+    missing = [c for c in labels if c not in predictions]
+    if missing:
+        raise PredictionsError(f"{source}: missing class column(s) {missing}")
+    ids = predictions["image_id"].astype(str)
+    duplicated = ids[ids.duplicated()].unique().tolist()
+    if duplicated:
+        raise PredictionsError(f"{source}: duplicated image_id(s) {duplicated[:5]}")
+    truth_ids = truth["image_id"].astype(str)
+    absent, extra = sorted(set(truth_ids) - set(ids)), sorted(set(ids) - set(truth_ids))
+    if absent or extra:
+        raise PredictionsError(
+            f"{source}: ids do not match the ground truth: {len(absent)} missing (e.g. {absent[:3]}), "
+            f"{len(extra)} unknown (e.g. {extra[:3]})"
+        )
+    values = predictions[list(labels)].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)  # (N, C)
+    bad = np.argwhere(~np.isfinite(values) | (values < 0) | (values > 1))
+    if len(bad):
+        row, col = bad[0]
+        raw = predictions[labels[col]].iloc[row]
+        raise PredictionsError(f"{source}: line {row + 2}, column {labels[col]!r}: {str(raw)!r} is not a probability in "
+                               f"[0, 1] ({len(bad)} bad cell(s) in all)")  # fmt: skip
+    order = pd.Series(np.arange(len(ids)), index=ids.to_numpy())[truth_ids.to_numpy()].to_numpy()
+    targets = truth[list(labels)].to_numpy(dtype=float)
+    return np.where(np.isnan(targets), -1.0, targets), values[order]
