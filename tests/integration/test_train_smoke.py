@@ -17,7 +17,7 @@ from tests.conftest import train_command
 from training.data.findings import TASK1_LABELS
 from training.data.manifest import file_fingerprint
 
-MODELS = ("convnext_atto", "resnet18")
+MODELS = ("regnetx_004", "resnet18")
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +51,11 @@ def test_smoke_run_logs_the_contracted_keys(smoke_runs):
     tmp, client, _ = smoke_runs
     runs = _runs(client)
     assert set(runs) == set(MODELS)
-    run = runs["convnext_atto"]
+    run = runs["regnetx_004"]
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "convnext_atto-bce-random-s42"
+    assert run.info.run_name == "regnetx_004-bce-random-s42"
     params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
-    assert params["model.backbone"] == "convnext_atto" and params["loss._target_"].endswith("BCELoss")
+    assert params["model.backbone"] == "regnetx_004" and params["loss._target_"].endswith("BCELoss")
     assert params["trainer.max_epochs"] == "1"
     for key in ("train/loss", "val/mAP", "val/mAUROC", "test/mAP", "test/mAUROC", "test/prevalence_baseline_mAP",
                 "test/mAP_ci_low", "test/mAP_ci_high", "test/mF1", "test/mPrecision", "test/mRecall", "test/mECE",
@@ -76,7 +76,7 @@ def test_smoke_run_logs_the_contracted_keys(smoke_runs):
 
 def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_path):
     tmp, client, _ = smoke_runs
-    run = _runs(client)["convnext_atto"]
+    run = _runs(client)["regnetx_004"]
     run_id = run.info.run_id
     top = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "checkpoints", "predictions", "evaluation"} <= top
@@ -88,7 +88,7 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     checkpoints = client.list_artifacts(run_id, "checkpoints")
     assert [a.path for a in checkpoints] == ["checkpoints/best.ckpt"]
     config = client.download_artifacts(run_id, "config.yaml", str(tmp_path))
-    assert "backbone: convnext_atto" in open(config).read()
+    assert "backbone: regnetx_004" in open(config).read()
     predictions = pd.read_csv(client.download_artifacts(run_id, "predictions/test.csv", str(tmp_path)))
     manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
     test_ids = manifest.loc[manifest["split"] == "test", "image_id"]
@@ -179,7 +179,7 @@ def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
 
 def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
     tmp, client, _ = smoke_runs
-    run = _runs(client)["convnext_atto"]
+    run = _runs(client)["regnetx_004"]
     import os
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}

@@ -22,16 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-TASK1_LABELS: tuple[str, ...] = (
-    "Alveolar Pattern", "Aortic Atheromatosis", "Aortic Elongation", "Atelectasis", "Azygos Lobe",
-    "Bronchiectasis", "Cardiomegaly", "Calcified Densities", "Central Venous Catheter", "Emphysema", "Fracture",
-    "Hemidiaphragm Elevation", "Hernia", "Hydropneumothorax", "Hyperinflated Lung", "Hypoexpansion",
-    "Interstitial Pattern", "Kyphosis", "Mass", "Nodule", "Normal", "Pleural Effusion", "Pleural Thickening",
-    "Pneumothorax", "Pneumoperitoneum", "Sternotomy", "Subcutaneous Emphysema", "Support Devices",
-    "Vascular Hilar Enlargement", "Vertebral Degenerative Changes",
-)  # fmt: skip
-TASK2_LABELS: tuple[str, ...] = ("Adenopathy", "Bulla", "Goiter", "Infarction", "Osteopenia", "Scoliosis")
-FINDINGS: tuple[str, ...] = TASK1_LABELS + TASK2_LABELS
+from evaluation.groups import frequency_group
+from training.data.findings import CXRLT_FINDINGS, TASK1_LABELS, TASK2_LABELS  # noqa: F401 (re-exported)
+
+FINDINGS: tuple[str, ...] = CXRLT_FINDINGS
 NORMAL = "Normal"
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 INDEX = {name: i for i, name in enumerate(FINDINGS)}
@@ -150,7 +144,7 @@ class LabelSample:
     split: np.ndarray  # (N,) str
     patient: np.ndarray  # (N,) int, global patient index (unique across splits)
     visit: np.ndarray  # (N,) int, 0 for a patient's first image
-    age: np.ndarray  # (N,) float years
+    age: np.ndarray  # (N,) float years, at the patient's first image
     female: np.ndarray  # (N,) bool
     source: np.ndarray  # (N,) str, centre_a / centre_b
     view: np.ndarray  # (N,) str, PA / AP
@@ -160,22 +154,6 @@ class LabelSample:
 
     def __len__(self) -> int:
         return len(self.split)
-
-
-def frequency_group(name: str, prevalence: float) -> str:
-    """Prevalence group of a class from its training prevalence (CXR-LT convention).
-
-    ``Normal`` is its own group; otherwise > 10 % common, (1 %, 10 %] medium, [0.1 %, 1 %] rare, < 0.1 % very rare.
-    """
-    if name == NORMAL:
-        return "normal"
-    if prevalence > 0.10:
-        return "common"
-    if prevalence > 0.01:
-        return "medium"
-    if prevalence >= 0.001:
-        return "rare"
-    return "very_rare"
 
 
 def quota(name: str, split: str, n_split: int, min_positives: int) -> int | None:
@@ -291,7 +269,7 @@ def sample_labels(cfg: LabelConfig, seed: int) -> LabelSample:
     p_age = np.clip(rng.normal(60.0, 17.0, n_pat), 18, 95)
     p_female = rng.random(n_pat) < 0.5
     p_frail = rng.normal(0.0, 1.0, n_pat)
-    age = p_age[patient] + 0.7 * visit  # follow-ups come a little later
+    age = p_age[patient]  # age at the patient's first image (the anatomy is the patient's)
     female, frail = p_female[patient], p_frail[patient]
     source = np.where(np.array(centre_b), "centre_b", "centre_a")
 
@@ -300,7 +278,7 @@ def sample_labels(cfg: LabelConfig, seed: int) -> LabelSample:
     offsets = np.zeros((n, C))
     for c, name in enumerate(FINDINGS):
         offsets[:, c] = (
-            AGE_EFFECT.get(name, 0.0) * (age - 60.0) / 10.0
+            AGE_EFFECT.get(name, 0.0) * (age + 0.7 * visit - 60.0) / 10.0  # follow-ups come a little later
             + FEMALE_EFFECT.get(name, 0.0) * (female - 0.5)
             + FRAILTY_LOADING.get(name, DEFAULT_LOADING) * frail
         )
