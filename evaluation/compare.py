@@ -35,7 +35,9 @@ def grid_table(client: MlflowClient, experiment: str, grid: str, by: str) -> pd.
         for column in COLUMNS:
             values = group[column].dropna()
             if len(values):
-                row[column.removeprefix("test/")] = f"{values.mean():.4f} ± {values.std(ddof=1) if len(values) > 1 else 0:.4f}"
+                row[column.removeprefix("test/")] = (
+                    f"{values.mean():.4f} ± {values.std(ddof=1) if len(values) > 1 else 0:.4f}"
+                )
         rows.append(row)
     return pd.DataFrame(rows).sort_values(by)
 

@@ -72,7 +72,9 @@ def _frame(datamodule, split: str, probs: np.ndarray, labels: list[str]) -> pd.D
 
 
 def _prefixed(prefix: str, metrics: dict[str, float], macros_only: bool = False) -> dict[str, float]:
-    keep = (lambda key: key.split("_ci_")[0] in MACROS or key.startswith("group/")) if macros_only else (lambda key: True)
+    keep = (
+        (lambda key: key.split("_ci_")[0] in MACROS or key.startswith("group/")) if macros_only else (lambda key: True)
+    )
     return {f"{prefix}/{key}": value for key, value in metrics.items() if keep(key) and np.isfinite(value)}
 
 
@@ -94,7 +96,10 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
     val_probs = predict(model, datamodule, "val")
     suite["val_thresholds"] = select_thresholds(val_targets, val_probs)
     test_probs = predict(model, datamodule, "test")
-    predictions = {"val": _frame(datamodule, "val", val_probs, labels), "test": _frame(datamodule, "test", test_probs, labels)}
+    predictions = {
+        "val": _frame(datamodule, "val", val_probs, labels),
+        "test": _frame(datamodule, "test", test_probs, labels),
+    }
 
     sets: dict[str, MetricSet] = {}
 
@@ -121,7 +126,9 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
         for macro in MACROS:
             key = f"test_perturbed/{macro}"
             if key in base.metrics and f"test/{macro}" in sets["test"].metrics:
-                base.metrics[f"test_perturbed/delta/{macro}"] = base.metrics[key] - sets["test"].metrics[f"test/{macro}"]
+                base.metrics[f"test_perturbed/delta/{macro}"] = (
+                    base.metrics[key] - sets["test"].metrics[f"test/{macro}"]
+                )
         predictions["test_perturbed"] = _frame(datamodule, "test", perturbed_probs, labels)
 
     sources = _per_source(datamodule, test_targets, test_probs, suite) if cfg.evaluation.per_source else {}

@@ -43,11 +43,23 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         lines.append(f"| {group} | {members} | {cells} |")
 
     if evaluation.sources:
-        lines += ["", "## Per source (bootstrap within each source)", "", "| source | mAP | mAUROC | mF1 |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "## Per source (bootstrap within each source)",
+            "",
+            "| source | mAP | mAUROC | mF1 |",
+            "|---|---|---|---|",
+        ]
         for name, values in evaluation.sources.items():
             lines.append(f"| {name} | {_ci(values, 'mAP')} | {_ci(values, 'mAUROC')} | {_ci(values, 'mF1')} |")
 
-    lines += ["", "## Per class (test)", "", "| class | train prevalence | AP | AUROC | F1@0.5 | ECE |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Per class (test)",
+        "",
+        "| class | train prevalence | AP | AUROC | F1@0.5 | ECE |",
+        "|---|---|---|---|---|---|",
+    ]
     for c, name in enumerate(evaluation.labels):
         cells = [f"{m[k]:.4f}" if k in m else "-" for k in (f"test/{x}/{name}" for x in ("ap", "auroc", "f1", "ece"))]
         lines.append(f"| {name} | {evaluation.train_prevalence[c]:.3%} | " + " | ".join(cells) + " |")

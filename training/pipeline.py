@@ -81,9 +81,11 @@ def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingS
     stage.prepare(model, session.client)  # on resume the weights then come from last.ckpt; freezing still holds
     checkpoint = ModelCheckpoint(
         dirpath=session.checkpoint_dir, filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
-        save_top_k=1, save_last=True, enable_version_counter=False,
+        save_top_k=1, save_last=True, enable_version_counter=False, save_on_train_epoch_end=True,
     )  # fmt: skip
-    trainer = L.Trainer(**cfg.trainer, logger=session.logger, callbacks=[checkpoint], default_root_dir=session.checkpoint_dir)
+    trainer = L.Trainer(
+        **cfg.trainer, logger=session.logger, callbacks=[checkpoint], default_root_dir=session.checkpoint_dir
+    )
     trainer.fit(model, datamodule=datamodule, ckpt_path=session.resume_from)
     if trainer.interrupted:
         raise KeyboardInterrupt("training was interrupted")

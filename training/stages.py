@@ -64,7 +64,9 @@ class ClassifierRetraining(Stage):
             nn.init.normal_(model.head.weight, std=0.01)
             nn.init.zeros_(model.head.bias)
         model.freeze_backbone()
-        log.info("cRT: backbone of run %s frozen, head %s", self.parent_run, "re-initialised" if self.reinit_head else "kept")
+        log.info(
+            "cRT: backbone of run %s frozen, head %s", self.parent_run, "re-initialised" if self.reinit_head else "kept"
+        )
 
     def tags(self) -> dict[str, str]:
         return {"cxrlt.stage": "crt", "mlflow.parentRunId": self.parent_run, "cxrlt.parent_run": self.parent_run}

@@ -42,4 +42,6 @@ def test_cli_refuses_a_broken_manifest(make_manifest, tmp_path, run_env, breaker
     assert expected in done.stdout + done.stderr
     assert "nothing was trained" in done.stdout + done.stderr
     experiment = MlflowClient(run_env["MLFLOW_TRACKING_URI"]).get_experiment_by_name("task1")
-    assert experiment is None or not MlflowClient(run_env["MLFLOW_TRACKING_URI"]).search_runs([experiment.experiment_id])
+    assert experiment is None or not MlflowClient(run_env["MLFLOW_TRACKING_URI"]).search_runs(
+        [experiment.experiment_id]
+    )

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -88,7 +89,7 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     checkpoints = client.list_artifacts(run_id, "checkpoints")
     assert [a.path for a in checkpoints] == ["checkpoints/best.ckpt"]
     config = client.download_artifacts(run_id, "config.yaml", str(tmp_path))
-    assert "backbone: regnetx_004" in open(config).read()
+    assert "backbone: regnetx_004" in Path(config).read_text()
     predictions = pd.read_csv(client.download_artifacts(run_id, "predictions/test.csv", str(tmp_path)))
     manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
     test_ids = manifest.loc[manifest["split"] == "test", "image_id"]
@@ -135,7 +136,9 @@ def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
         url = f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=task1"
         experiment = json.load(urllib.request.urlopen(url))["experiment"]
         body = json.dumps({"experiment_ids": [experiment["experiment_id"]], "max_results": 10}).encode()
-        request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", body, {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{base}/api/2.0/mlflow/runs/search", body, {"Content-Type": "application/json"}
+        )
         runs = json.load(urllib.request.urlopen(request))["runs"]
         models = {next(p["value"] for p in r["data"]["params"] if p["key"] == "model.name"): r for r in runs}
         assert set(models) == set(MODELS)

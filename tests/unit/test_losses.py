@@ -493,3 +493,28 @@ def test_config_instantiates_and_trains(path):
     out.backward()
     assert out.ndim == 0 and torch.isfinite(out) and out.item() > 0
     assert torch.isfinite(head.weight.grad).all() and head.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("config", sorted((Path(__file__).resolve().parents[2] / "configs" / "loss").glob("*.yaml")),
+                         ids=lambda p: p.stem)  # fmt: skip
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_gradients_finite_over_the_logit_range(config, autocast):
+    """Logits spanning [-30, 30] through a linear head, in fp32 and under CPU bf16 autocast."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(OmegaConf.load(config))
+    node.pop("name", None)
+    loss = instantiate(node)
+    loss.set_class_counts(torch.tensor([400.0, 40.0, 4.0, 1.0]), 1000)
+    torch.manual_seed(0)
+    features = torch.randn(64, 8)
+    head = torch.nn.Linear(8, 4)
+    targets = (torch.rand(64, 4) < 0.3).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = head(features)
+        logits = 30.0 * logits / logits.abs().max().detach()  # stretched onto exactly [-30, 30]
+        value = loss(logits, targets, torch.ones_like(targets, dtype=torch.bool))
+    value.backward()
+    assert logits.abs().max() > 29  # the range is actually exercised
+    assert torch.isfinite(value) and torch.isfinite(head.weight.grad).all() and head.weight.grad.abs().sum() > 0

@@ -36,4 +36,6 @@ def test_unlabelled_entries_are_ignored(scored):
 def test_prevalence_baseline_is_the_map_of_a_constant_predictor(scored):
     targets, _ = scored
     constant = np.full(targets.shape, 0.5)
-    assert prevalence_baseline_map(targets) == pytest.approx(multilabel_summary(targets, constant, list("abcde"))["mAP"])
+    assert prevalence_baseline_map(targets) == pytest.approx(
+        multilabel_summary(targets, constant, list("abcde"))["mAP"]
+    )

@@ -55,7 +55,9 @@ def test_training_prevalence_survives_a_checkpoint_round_trip(module):
 
 
 def test_loss_bias_initialisation_reaches_the_head():
-    model = MultiLabelClassifier(MODEL, {"name": "db", "_target_": "training.losses.db.DistributionBalancedLoss"}, ["A", "B"])
+    model = MultiLabelClassifier(
+        MODEL, {"name": "db", "_target_": "training.losses.db.DistributionBalancedLoss"}, ["A", "B"]
+    )
     model.set_label_statistics(np.array([100, 10]), 1000)
     expected = model.loss.init_bias()
     assert expected is not None

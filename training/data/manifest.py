@@ -152,7 +152,10 @@ def _validate(table, csv_path, root, labels, known_findings, extra_columns, chec
     leaking = shared[shared > 1].index.tolist()
     problems += _listed(
         "patients in several splits",
-        [f"column 'patient_id': patient {p!r} appears in several splits (splits must be patient-disjoint)" for p in leaking],
+        [
+            f"column 'patient_id': patient {p!r} appears in several splits (splits must be patient-disjoint)"
+            for p in leaking
+        ],
     )
 
     for label in (c for c in labels if c in table.columns):

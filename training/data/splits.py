@@ -8,9 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def patient_split(
-    patient_ids: Sequence[str], fractions: dict[str, float] | None = None, seed: int = 0
-) -> np.ndarray:
+def patient_split(patient_ids: Sequence[str], fractions: dict[str, float] | None = None, seed: int = 0) -> np.ndarray:
     """Assign every image to a split so that all images of a patient land in the same one.
 
     Each patient gets a uniform number from a hash of ``(seed, patient id)``, so the assignment does not depend

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torchmetrics import Metric, MetricCollection
+from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MultilabelAUROC, MultilabelAveragePrecision
 
 from evaluation.groups import class_groups, group_means
@@ -53,6 +53,7 @@ class MultiLabelClassifier(L.LightningModule):
         # Training prevalence travels with the weights, so head-to-tail groups survive checkpoint loading.
         self.register_buffer("train_counts", torch.zeros(len(self.labels)))
         self.register_buffer("train_size", torch.zeros(()))
+        self.train_loss = MeanMetric()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, 1, H, W)`` images to ``(B, C)`` logits."""
@@ -92,11 +93,21 @@ class MultiLabelClassifier(L.LightningModule):
         targets = batch["target"]  # (B, C), -1 = not labelled
         loss = self.loss(logits, targets.clamp_min(0), targets >= 0)
         self.log("loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(targets))
+        self.train_loss.update(loss.detach(), len(targets))
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        """Send the epoch's training metrics to the logger now, before the epoch's checkpoint is written.
+
+        Lightning would log ``on_epoch`` values only after the checkpoint callbacks ran; a process killed in
+        between would then resume past an epoch whose training loss never reached MLflow. Logging here, then
+        checkpointing (``save_on_train_epoch_end``), makes "checkpoint exists" imply "epoch fully logged".
+        """
+        metrics = {"train/loss": float(self.train_loss.compute()), "train/lr": self.optimizers().param_groups[0]["lr"]}
+        self.train_loss.reset()
+        self.log_dict(metrics, logger=False)
+        if self.logger is not None:
+            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self.global_step)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         probs = torch.sigmoid(self(batch["image"]))
@@ -130,7 +141,9 @@ class MultiLabelClassifier(L.LightningModule):
         )
         total = int(self.trainer.estimated_stepping_batches)
         warmup = int(round(cfg.get("warmup_epochs", 0) * total / max(1, self.trainer.max_epochs)))
-        schedule = partial(warmup_cosine, total_steps=total, warmup_steps=warmup, min_factor=cfg.get("min_lr_factor", 0.0))
+        schedule = partial(
+            warmup_cosine, total_steps=total, warmup_steps=warmup, min_factor=cfg.get("min_lr_factor", 0.0)
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -134,14 +134,21 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
     return out
 
 
-def _find_resumable(logger: RunLogger, key: str, checkpoint_root: Path) -> tuple[str, Path] | None:
-    """Most recent unfinished run with the same run key that left a ``last.ckpt`` behind."""
-    client = logger.experiment
-    experiment = client.get_experiment_by_name(logger._experiment_name)
+def _find_resumable(uri: str, experiment_name: str, key: str, checkpoint_root: Path) -> tuple[str, Path] | None:
+    """Most recent unfinished run with the same run key that left a ``last.ckpt`` behind.
+
+    Uses a plain ``MlflowClient``: touching ``MLFlowLogger.experiment`` would create an empty run.
+    """
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
     runs = client.search_runs(
-        [experiment.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'", order_by=["attributes.start_time DESC"]
+        [experiment.experiment_id],
+        filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+        order_by=["attributes.start_time DESC"],
     )
     for run in runs:
         last = checkpoint_root / run.info.run_id / "last.ckpt"
@@ -162,10 +169,9 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     # A local store gets its artifacts under mlruns/artifacts; a tracking server decides for itself.
     artifact_location = Path(cfg.tracking.artifact_root).resolve().as_uri() if local_store else None
     key = run_key(cfg)
-    probe = RunLogger(experiment_name=cfg.tracking.experiment, tracking_uri=uri, artifact_location=artifact_location)
     found = None
     if cfg.resume is True:
-        found = _find_resumable(probe, key, checkpoint_root)
+        found = _find_resumable(uri, cfg.tracking.experiment, key, checkpoint_root)
         if found is None:
             log.warning("resume=true but no unfinished run of this config has a checkpoint; starting a new run")
     elif cfg.resume:
