@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.evaluate import evaluate, store
+from training.components import build_component
 from training.data.datamodule import CXRDataModule
 from training.models.module import MultiLabelClassifier
 from training.tracking.session import TrackingSession, open_session
@@ -30,7 +31,7 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
         num_workers=cfg.data.num_workers,
         preload=cfg.data.preload,
         train_augment=cfg.augment.train,
-        sampler=instantiate({k: v for k, v in cfg.sampler.items() if k != "name"}),
+        sampler=build_component(cfg.sampler),
         subset=OmegaConf.to_container(cfg.data.subset) if cfg.data.get("subset") else None,
         extra_columns=list(cfg.data.get("extra_columns") or []),
         seed=cfg.seed,
@@ -64,7 +65,7 @@ def run_training(cfg: DictConfig) -> str:
         "synthetic_data": str(datamodule.source.name == "synthetic").lower(),
         **{f"cxrlt.{key}": str(value) for key, value in (cfg.get("tags") or {}).items()},
     }
-    stage = instantiate({k: v for k, v in cfg.stage.items() if k != "name"})
+    stage = build_component(cfg.stage)
     session = open_session(cfg, {**tags, **stage.tags()})
     try:
         _fit_and_test(cfg, datamodule, session, stage)

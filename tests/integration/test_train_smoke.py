@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from mlflow import MlflowClient
 
 from tests.conftest import train_command
@@ -26,8 +28,6 @@ def smoke_runs(tmp_path_factory):
     """Two smoke runs differing only in ``model=``, sharing one store and one generated data set."""
     tmp = tmp_path_factory.mktemp("smoke")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
-    import os
-
     env = {**os.environ, **env}
     outputs = {}
     for model in MODELS:
@@ -154,8 +154,6 @@ def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
 def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
     tmp, client, _ = smoke_runs
     parent = _runs(client)["resnet18"]
-    import os
-
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
     done = subprocess.run(
         train_command(tmp, "debug=smoke", "model=resnet18", f"data.source.root={tmp}/synthetic", "stage=crt",
@@ -168,7 +166,6 @@ def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
     (crt,) = client.search_runs([experiment.experiment_id], filter_string="tags.`cxrlt.stage` = 'crt'")
     assert crt.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert crt.info.run_name == "resnet18-bce-class_aware-s42-crt" and crt.data.params["sampler.name"] == "class_aware"
-    import torch
 
     def state(run):
         path = client.download_artifacts(run.info.run_id, "checkpoints/best.ckpt", str(tmp / run.info.run_id))
@@ -183,8 +180,6 @@ def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
 def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
     tmp, client, _ = smoke_runs
     run = _runs(client)["regnetx_004"]
-    import os
-
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
     done = subprocess.run(
         [sys.executable, "-m", "evaluation.cli", f"run={run.info.run_id}", "evaluation=postprocess",

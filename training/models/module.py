@@ -7,19 +7,14 @@ from functools import partial
 import lightning.pytorch as L
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MultilabelAUROC, MultilabelAveragePrecision
 
 from evaluation.groups import class_groups, group_means
+from training.components import build_component
 from training.models.backbone import create_backbone
 from training.models.schedule import warmup_cosine
-
-
-def build_loss(loss_cfg: dict) -> nn.Module:
-    """Instantiate a ``configs/loss`` node; its ``name`` key is the public name, not a constructor argument."""
-    return instantiate({k: v for k, v in loss_cfg.items() if k != "name"}, _convert_="all")
 
 
 class MultiLabelClassifier(L.LightningModule):
@@ -42,7 +37,7 @@ class MultiLabelClassifier(L.LightningModule):
             model_cfg["backbone"], pretrained=model_cfg.get("pretrained", False), **model_cfg.get("timm_kwargs", {})
         )
         self.head = nn.Linear(self.backbone.num_features, len(self.labels))
-        self.loss = build_loss(loss_cfg)
+        self.loss = build_component(loss_cfg)
         # Per-class values (average=None): torchmetrics' macro mean counts a class with no positive as AP 0,
         # the challenge leaves it out. LabelCounts tells which classes are defined; all three sync under DDP.
         metric = partial(dict, num_labels=len(self.labels), average=None, ignore_index=-1)
