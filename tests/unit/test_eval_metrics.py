@@ -16,7 +16,6 @@ from evaluation.bootstrap import (
     resample_indices,
 )
 from evaluation.calibration import bin_index, ece, pooled_ece
-from evaluation.metrics import multilabel_summary
 from evaluation.ranking import ap_auroc_weighted, average_precision, roc_auc
 from evaluation.suite import compute_suite, group_metrics
 from evaluation.thresholds import best_f1_threshold, f1_precision_recall, select_thresholds
@@ -252,8 +251,6 @@ def test_suite_point_values_match_sklearn(split, suite):
         assert m[key] == pytest.approx(np.mean(values), abs=TOL)
     known = targets >= 0
     assert m["ECE_pooled"] == pytest.approx(hand_ece(targets[known], probs[known]), abs=TOL)
-    legacy = multilabel_summary(targets, probs, labels)
-    assert m["mAP"] == pytest.approx(legacy["mAP"], abs=TOL) and m["mAUROC"] == pytest.approx(legacy["mAUROC"])
 
 
 def test_suite_replicates_equal_sklearn_on_resampled_data(split, suite):
