@@ -76,8 +76,9 @@ class CXRDataModule(L.LightningDataModule):
             return
         manifest_path = getattr(self, "manifest_path", None) or self.source.prepare()
         self.manifest = load_manifest(
-            manifest_path, self.labels, KNOWN_FINDINGS, root=self.source.root, extra_columns=self.extra_columns
-        )
+            manifest_path, self.labels, KNOWN_FINDINGS, root=self.source.root,
+            extra_columns=self.extra_columns + tuple(getattr(self.source, "extra_columns", ())),
+        )  # fmt: skip
         for split in ("train", "val", "test"):
             self.datasets[split] = self._dataset(split)
             log.info("%s split: %d images", split, len(self.datasets[split]))

@@ -22,6 +22,6 @@ NIH14_LABELS: tuple[str, ...] = (
     "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia", "No Finding",
 )  # fmt: skip
 
-PEDIATRIC_LABELS: tuple[str, ...] = ("pneumonia",)
+PEDIATRIC_LABELS: tuple[str, ...] = ("Pneumonia",)  # Kermany; the same finding as NIH's column
 
 KNOWN_FINDINGS: tuple[str, ...] = tuple(dict.fromkeys(CXRLT_FINDINGS + NIH14_LABELS + PEDIATRIC_LABELS))
