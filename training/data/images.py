@@ -1,23 +1,41 @@
-"""Decoding radiographs of any bit depth into the uint8 grayscale arrays the models see."""
+"""Decoding radiographs of any format and bit depth into the uint8 grayscale arrays the models see.
+
+The one path every image takes (training, the preprocessing cache, serving): decode -> grayscale ->
+intensity normalisation -> resize. Documented choices:
+
+* **Decoding**: PNG/JPEG/TIFF/BMP through OpenCV at their native bit depth; ``.dcm`` through pydicom with the
+  modality and VOI LUTs applied and MONOCHROME1 inverted (see :mod:`training.data.dicom`). A file that is cut
+  short (a PNG without its ``IEND`` chunk, a JPEG without its end-of-image marker) is refused rather than decoded
+  into a half-grey image, which OpenCV would otherwise do with only a warning.
+* **Colour**: RGB/BGR exports are converted to luminance; an alpha channel is dropped.
+* **Intensities**: 8-bit images are kept as stored. Deeper images (16-bit PNG, DICOM) rarely use their full
+  range, so they are clipped to their 0.5th-99.5th percentiles and scaled linearly onto 0..255.
+* **Geometry**: ``pad`` (default for real data) scales the longer side to the target and pads the shorter one
+  with black, keeping the whole field and the aspect ratio; ``crop`` scales the shorter side and centre-crops;
+  ``stretch`` resizes each axis independently. Shrinking uses area interpolation, which averages rather than
+  skips pixels, so small findings are not aliased away.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_END = b"IEND\xaeB`\x82"
+JPEG_START, JPEG_END = b"\xff\xd8", b"\xff\xd9"
+TAIL_BYTES = 4096  # encoders may pad after the end marker; look for it in the last few KB
+
 
 class ImageDecodeError(OSError):
-    """An image file exists but cannot be decoded; the message names the file."""
+    """An image file exists but cannot be decoded; the message names the file and the reason."""
 
 
 def to_uint8(image: np.ndarray) -> np.ndarray:
-    """Map an 8- or 16-bit (or float) grayscale image onto 0..255.
-
-    16-bit radiographs rarely use the full range, so they are stretched between their 0.5th and 99.5th
-    percentiles instead of divided by 257: dividing would leave a dim, low-contrast image.
-    """
+    """Map an 8-bit, 16-bit or float grayscale image onto 0..255 (see the module docstring)."""
     if image.dtype == np.uint8:
         return image
     values = image.astype(np.float32)
@@ -26,25 +44,105 @@ def to_uint8(image: np.ndarray) -> np.ndarray:
     return (np.clip(scaled, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def read_grayscale(path: str | Path, size: int) -> np.ndarray:
-    """Read one image as a ``(size, size)`` uint8 array.
+def check_complete(path: Path, data: bytes) -> None:
+    """Refuse PNG and JPEG files that end before their end marker (a truncated download or copy)."""
+    tail = data[-TAIL_BYTES:]
+    if data.startswith(PNG_SIGNATURE) and PNG_END not in tail:
+        raise ImageDecodeError(f"truncated PNG (no IEND chunk): {path}")
+    if data.startswith(JPEG_START) and JPEG_END not in tail:
+        raise ImageDecodeError(f"truncated JPEG (no end-of-image marker): {path}")
 
-    Colour files (some exports are RGB) are converted to luminance. Resizing uses area interpolation, which
-    averages rather than skips pixels when shrinking, so small findings are not aliased away.
+
+def _decode_raster(path: Path) -> np.ndarray:
+    data = path.read_bytes()
+    if not data:
+        raise ImageDecodeError(f"empty image file: {path}")
+    check_complete(path, data)
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if image is None:
+        raise ImageDecodeError(f"cannot decode image file (not an image, or an unsupported format): {path}")
+    return image
+
+
+def _decode_dicom(path: Path) -> np.ndarray:
+    from training.data.dicom import read_dicom
+
+    return read_dicom(path)
+
+
+DECODERS: dict[str, Callable[[Path], np.ndarray]] = {".dcm": _decode_dicom, ".dicom": _decode_dicom}
+
+
+def decode(path: str | Path) -> np.ndarray:
+    """Decode one file to a 2-D grayscale array at its native bit depth.
 
     Raises:
         FileNotFoundError: the file is missing.
-        ImageDecodeError: the file is not a readable image.
+        ImageDecodeError: the file is truncated, empty or not a decodable image.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
-    image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    if image is None:
-        raise ImageDecodeError(f"cannot decode image file: {path}")
-    if image.ndim == 3:
-        image = cv2.cvtColor(image[..., :3], cv2.COLOR_BGR2GRAY)
-    image = to_uint8(image)
-    if image.shape != (size, size):
-        image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
+    image = DECODERS.get(path.suffix.lower(), _decode_raster)(path)
+    if image.ndim == 3 and image.shape[2] == 1:
+        image = image[..., 0]
+    elif image.ndim == 3:  # BGR or BGRA: luminance of the colour channels, alpha dropped
+        image = cv2.cvtColor(np.ascontiguousarray(image[..., :3]), cv2.COLOR_BGR2GRAY)
+    if image.ndim != 2 or min(image.shape) == 0:
+        raise ImageDecodeError(f"unexpected image shape {image.shape}: {path}")
     return image
+
+
+def _scaled(image: np.ndarray, scale: float) -> np.ndarray:
+    height, width = image.shape
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    interpolation = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
+    return cv2.resize(image, size, interpolation=interpolation)
+
+
+def resize_stretch(image: np.ndarray, size: int) -> np.ndarray:
+    """Each axis to ``size`` independently (the aspect ratio is not kept)."""
+    if image.shape == (size, size):
+        return image
+    interpolation = cv2.INTER_AREA if max(image.shape) > size else cv2.INTER_LINEAR
+    return cv2.resize(image, (size, size), interpolation=interpolation)
+
+
+def resize_pad(image: np.ndarray, size: int) -> np.ndarray:
+    """Longer side to ``size``, the shorter one centred on a black square."""
+    if image.shape == (size, size):
+        return image
+    scaled = _scaled(image, size / max(image.shape))[:size, :size]
+    out = np.zeros((size, size), dtype=image.dtype)
+    top, left = (size - scaled.shape[0]) // 2, (size - scaled.shape[1]) // 2
+    out[top : top + scaled.shape[0], left : left + scaled.shape[1]] = scaled
+    return out
+
+
+def resize_crop(image: np.ndarray, size: int) -> np.ndarray:
+    """Shorter side to ``size``, then the centre square."""
+    if image.shape == (size, size):
+        return image
+    scaled = _scaled(image, size / min(image.shape))
+    top, left = max(0, (scaled.shape[0] - size) // 2), max(0, (scaled.shape[1] - size) // 2)
+    return resize_stretch(scaled[top : top + size, left : left + size], size)
+
+
+RESIZERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
+    "pad": resize_pad,
+    "crop": resize_crop,
+    "stretch": resize_stretch,
+}
+
+
+def read_grayscale(path: str | Path, size: int, resize: str = "stretch") -> np.ndarray:
+    """Read one image as a ``(size, size)`` uint8 array: decode, normalise, resize (see module docstring).
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ImageDecodeError: the file cannot be decoded.
+        KeyError: an unknown ``resize`` mode.
+    """
+    if resize not in RESIZERS:
+        raise KeyError(f"unknown resize mode {resize!r}; choose one of {sorted(RESIZERS)}")
+    return RESIZERS[resize](to_uint8(decode(path)), size)
