@@ -13,11 +13,13 @@ from training.data.images import read_grayscale
 
 
 class ManifestDataset(Dataset):
-    """Images and targets of one split.
+    """Images and targets of one split, from one of three places.
 
-    With ``preload`` every image is decoded once, in threads, into one ``(N, H, W)`` uint8 array: at the
-    platform's CPU sizes a whole split fits in tens of MB, and decoding a PNG costs more than augmenting it, so
-    epochs after the first would otherwise redo the same work.
+    * a **preprocessed cache** (``store`` plus ``positions``): rows of a memory-mapped array written by
+      ``make prepare``; nothing is decoded;
+    * **preloaded**: every image decoded once, in threads, into one ``(N, H, W)`` uint8 array; at the platform's
+      CPU sizes a split fits in tens of MB and decoding costs more than augmenting;
+    * **lazily**: decoded from the original file on every access (large sets without a cache).
 
     Args:
         root: folder the paths are relative to.
@@ -26,34 +28,49 @@ class ManifestDataset(Dataset):
         image_ids: ``(N,)`` ids carried through to predictions.
         image_size: square side the images are resized to.
         transform: albumentations pipeline ending in a tensor.
-        preload: decode everything up front.
+        preload: decode everything up front (ignored when ``store`` is given).
+        resize: resize mode (see :mod:`training.data.images`).
+        store: ``(M, H, W)`` uint8 array holding this split's images among others (the cache), or None.
+        positions: ``(N,)`` row of each image in ``store``.
     """
 
-    def __init__(self, root, paths, targets, image_ids, image_size, transform, preload=True, threads=4):
+    def __init__(self, root, paths, targets, image_ids, image_size, transform, preload=True, threads=4,
+                 resize="stretch", store=None, positions=None):  # fmt: skip
         self.root = Path(root)
         self.paths = list(paths)
         self.targets = torch.as_tensor(np.asarray(targets, dtype=np.float32))
         self.image_ids = list(image_ids)
         self.image_size = image_size
+        self.resize = resize
         self.transform = transform
-        self.images: np.ndarray | None = None
-        if preload:
+        self.store, self.positions = store, None if positions is None else np.asarray(positions)
+        if store is None and preload:
             with ThreadPoolExecutor(threads) as pool:
-                decoded = pool.map(lambda rel: read_grayscale(self.root / rel, image_size), self.paths)
-                self.images = np.stack(list(decoded)) if self.paths else np.zeros((0, image_size, image_size), np.uint8)
+                decoded = list(pool.map(self._decode, range(len(self.paths))))
+            self.store = np.stack(decoded) if decoded else np.zeros((0, image_size, image_size), np.uint8)
+
+    def _decode(self, index: int) -> np.ndarray:
+        return read_grayscale(self.root / self.paths[index], self.image_size, self.resize)
+
+    @property
+    def images(self) -> np.ndarray | None:
+        """The split's ``(N, H, W)`` uint8 images in memory, or None when they are decoded on access."""
+        if self.store is None:
+            return None
+        return self.store if self.positions is None else np.asarray(self.store[self.positions])
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def image(self, index: int) -> np.ndarray:
         """The decoded ``(H, W)`` uint8 image at ``index``."""
-        if self.images is not None:
-            return self.images[index]
-        return read_grayscale(self.root / self.paths[index], self.image_size)
+        if self.store is None:
+            return self._decode(index)
+        return self.store[index if self.positions is None else self.positions[index]]
 
     def __getitem__(self, index: int) -> dict:
         return {
-            "image": self.transform(image=self.image(index))["image"],  # (1, H, W) float
+            "image": self.transform(image=np.ascontiguousarray(self.image(index)))["image"],  # (1, H, W) float
             "target": self.targets[index],  # (C,)
             "index": index,
         }

@@ -48,6 +48,10 @@ class Manifest:
         """Rows of one split, index reset."""
         return self.table[self.table["split"] == name].reset_index(drop=True)
 
+    def positions(self, name: str) -> np.ndarray:
+        """Row positions (0-based, file order) of a split's images: their keys in the preprocessing cache."""
+        return np.flatnonzero((self.table["split"] == name).to_numpy())
+
     def targets(self, name: str) -> np.ndarray:
         """``(N, C)`` float32 targets of a split with -1 where a label is missing (the metrics' ``ignore_index``)."""
         values = self.split(name)[list(self.labels)].to_numpy(dtype=np.float32)

@@ -75,7 +75,10 @@ class AdapterSource:
             raise AdapterError(f"data root not found or not a folder: {self.root}")
         table = self.assign_splits(self.build())
         columns = [c for c in META_COLUMNS if c in table.columns] + list(self.extra_columns) + list(self.labels)
-        return self._write(table[columns])
+        table = table[columns].copy()
+        for label in self.labels:  # 1 / 0 / empty, as the manifest contract spells them
+            table[label] = table[label].map(lambda v: "" if pd.isna(v) else str(int(v)))
+        return self._write(table)
 
     def assign_splits(self, table: pd.DataFrame) -> pd.DataFrame:
         """Give unassigned rows train/val(/test) by iterative stratification over patients.
