@@ -1,0 +1,119 @@
+"""Image-text models through open_clip: ``clip:<model>[:<pretrained tag or weights file>]``,
+``clip:hf-hub:<org/repo>`` or ``clip:local-dir:<folder>``.
+
+Zero-shot is the prompt margin ``cos(image, "a chest x-ray showing pneumonia") - cos(image, "a normal chest
+x-ray")`` on L2-normalised embeddings; a positive margin is the model's pneumonia call. (A softmax over the two
+scaled similarities is a monotone function of this margin and is above 0.5 exactly when the margin is positive,
+so AUROC, AP and the decisions are the same either way.) Probe features are the same normalised image embeddings
+the similarities use.
+
+Without a pretrained tag (``clip:ViT-B-32``) the weights are randomly initialised, seeded with the protocol's
+seed so the result is reproducible: a sanity floor whose ROC-AUC should sit near 0.5. Named tags and ``hf-hub:``
+models download weights on first use and need network access then; tests use a tiny ``local-dir:`` config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evaluation.benchmarks.encoders import Encoded, Encoder, Target
+
+PREFIX = "clip:"
+SCHEMAS = ("hf-hub:", "local-dir:")
+
+
+def parse_clip_spec(spec: str) -> tuple[str, str | None]:
+    """``clip:<model>[:<pretrained>]`` -> (open_clip model name, pretrained tag/file or None).
+
+    A model named with an open_clip schema (``hf-hub:``, ``local-dir:``) carries its own weights, so everything
+    after ``clip:`` is the model name.
+    """
+    rest = spec.removeprefix(PREFIX)
+    if not rest:
+        raise ValueError(f"{spec!r}: expected clip:<open_clip model>[:<pretrained tag>] or clip:hf-hub:<repo>")
+    if rest.startswith(SCHEMAS):
+        return rest, None
+    name, _, pretrained = rest.partition(":")
+    return name, pretrained or None
+
+
+def _files_stamp(paths: list[Path]) -> str:
+    """Name, size and modification time of local files: enough to notice replaced weights or configs."""
+    stats = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(paths) if p.is_file()]
+    return hashlib.sha256("\n".join(stats).encode()).hexdigest()[:16]
+
+
+class ClipEncoder(Encoder):
+    """An open_clip model scoring images against the target's two prompts.
+
+    Args:
+        spec: ``clip:...`` as named by the user.
+        target: the benchmark's finding and prompts.
+        tracking_uri: unused (open_clip models do not live in MLflow); every kind takes the same arguments.
+        seed: seeds the random initialisation of a model loaded without weights.
+    """
+
+    zero_shot_kind = "margin"
+
+    def __init__(self, spec: str, target: Target, tracking_uri: str | None = None, seed: int = 0):
+        import open_clip  # optional heavy dependency, only for this model kind
+
+        self.spec = spec
+        self.name, self.pretrained = parse_clip_spec(spec)
+        self.seed = seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.model = open_clip.create_model(self.name, pretrained=self.pretrained, device="cpu").eval()
+        self.tokenizer = open_clip.get_tokenizer(self.name)
+        cfg = open_clip.get_model_preprocess_cfg(self.model)
+        size = cfg.get("size", 224)
+        height, width = (size, size) if isinstance(size, int) else tuple(size)
+        if height != width:
+            raise ValueError(f"{spec}: non-square input size {height}x{width} is not supported")
+        self.image_size = int(height)
+        self.mean = torch.tensor(cfg.get("mean", open_clip.OPENAI_DATASET_MEAN), dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(cfg.get("std", open_clip.OPENAI_DATASET_STD), dtype=torch.float32).view(1, 3, 1, 1)
+        with torch.inference_mode():
+            tokens = self.tokenizer([target.positive_prompt, target.negative_prompt])
+            text = self.model.encode_text(tokens, normalize=True)  # (2, D)
+        self.text_direction = (text[0] - text[1]).float()  # (D,): margin = image . (t_pos - t_neg)
+        self.prompts = (target.positive_prompt, target.negative_prompt)
+
+    @property
+    def identity(self) -> str:
+        parts = [PREFIX + self.name, str(self.pretrained), f"{self.image_size}", "|".join(self.prompts)]
+        if self.name.startswith("local-dir:"):
+            parts.append(_files_stamp(list(Path(self.name.removeprefix("local-dir:")).iterdir())))
+        elif self.pretrained and os.path.isfile(self.pretrained):
+            parts.append(_files_stamp([Path(self.pretrained)]))
+        if self._random_init:
+            parts.append(f"random-init-seed{self.seed}")
+        return "::".join(parts)
+
+    @property
+    def _random_init(self) -> bool:
+        """No weights named: neither a pretrained tag/file nor a schema that brings its own."""
+        if self.pretrained:
+            return False
+        if self.name.startswith("local-dir:"):
+            folder = Path(self.name.removeprefix("local-dir:"))
+            return not any(p.suffix in (".bin", ".pt", ".pth", ".safetensors") for p in folder.iterdir())
+        return not self.name.startswith("hf-hub:")
+
+    @property
+    def description(self) -> str:
+        weights = f"random init (seed {self.seed})" if self._random_init else (self.pretrained or "bundled weights")
+        return f"{self.spec} (open_clip {self.name}, {weights}, {self.image_size} px)"
+
+    @torch.inference_mode()
+    def encode(self, images: np.ndarray) -> Encoded:
+        x = torch.from_numpy(np.ascontiguousarray(images)).float().div(255.0)  # (B, H, W)
+        x = (x.unsqueeze(1).expand(-1, 3, -1, -1) - self.mean) / self.std  # (B, 3, H, W): gray in every channel
+        embeddings = self.model.encode_image(x, normalize=True).float()  # (B, D)
+        margin = embeddings @ self.text_direction  # (B,)
+        return Encoded(embeddings.numpy(), margin.numpy())
