@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train crt compare evaluate score ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup train crt compare evaluate score benchmark ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -48,6 +48,12 @@ evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<ru
 
 score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=manifest.csv [SPLIT=test]
 	$(PY) -m evaluation.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK)
+
+NAME ?= pneumonia
+VERSION ?= full
+benchmark: setup ## Benchmark a model: make benchmark NAME=pneumonia MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=full|n100]
+	@test -n "$(MODEL)" -a -n "$(DATA_ROOT)" || { echo "usage: make benchmark NAME=pneumonia MODEL=<run id | models:/<name>@<alias> | models:/<name>/<version> | clip:<open_clip model>[:<pretrained>]> DATA_ROOT=<kermany release folder> [VERSION=full|n100] [ARGS=...]"; exit 2; }
+	$(PY) -m evaluation.benchmarks.cli --name $(NAME) --model '$(MODEL)' --data-root '$(DATA_ROOT)' --version $(VERSION) $(ARGS)
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)
