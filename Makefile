@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train crt compare evaluate score benchmark ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score benchmark ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -74,6 +74,14 @@ lint: setup ## Ruff lint and format check
 format: setup ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+DATA ?= synthetic
+DATA_ARGS = data=$(DATA) $(if $(DATA_ROOT),data.root=$(DATA_ROOT)) $(if $(SIZE),data.image_size=$(SIZE))
+prepare: setup ## Decode every image once into the cache: make prepare DATA=nih14 DATA_ROOT=/path SIZE=224
+	$(PY) -m training.prepare $(DATA_ARGS) $(ARGS)
+
+data-check: setup ## Counts, groups, patients, overlaps, unreadable files: make data-check DATA=nih14 DATA_ROOT=/path
+	$(PY) -m training.data_check $(DATA_ARGS) $(ARGS)
 
 bench: setup ## Benchmarks, printing ratios measured side by side in one run
 	$(PY) tests/bench/bench_throughput.py

@@ -53,6 +53,36 @@ def check_complete(path: Path, data: bytes) -> None:
         raise ImageDecodeError(f"truncated JPEG (no end-of-image marker): {path}")
 
 
+SIGNATURES = {  # format -> (offset, magic bytes)
+    "PNG": (0, PNG_SIGNATURE), "JPEG": (0, JPEG_START), "DICOM": (128, b"DICM"), "TIFF (little-endian)": (0, b"II*\x00"),
+    "TIFF (big-endian)": (0, b"MM\x00*"), "BMP": (0, b"BM"),
+}  # fmt: skip
+
+
+def check_file(path: str | Path) -> str:
+    """Cheap integrity check without decoding: the file exists, starts like a known image format and, for PNG
+    and JPEG, ends with its end marker. Reads a few KB whatever the image size.
+
+    Returns:
+        The detected format.
+
+    Raises:
+        FileNotFoundError, ImageDecodeError: as :func:`decode` would, for the problems visible from the ends.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image file not found: {path}")
+    with open(path, "rb") as handle:
+        head = handle.read(132)
+        handle.seek(max(0, path.stat().st_size - TAIL_BYTES))
+        tail = head if len(head) < 132 else handle.read()
+    kind = next((k for k, (at, magic) in SIGNATURES.items() if head[at : at + len(magic)] == magic), None)
+    if kind is None:
+        raise ImageDecodeError(f"not a recognised image format (empty or corrupt header): {path}")
+    check_complete(path, head[:8] + tail)
+    return kind
+
+
 def _decode_raster(path: Path) -> np.ndarray:
     data = path.read_bytes()
     if not data:

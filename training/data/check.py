@@ -1,0 +1,86 @@
+"""``make data-check``: what a dataset holds and everything wrong with it, before any training is attempted."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.groups import frequency_group
+from training.data.findings import KNOWN_FINDINGS
+from training.data.images import check_file, read_grayscale
+from training.data.manifest import META_COLUMNS, SPLITS, ManifestError, load_manifest
+
+
+@dataclass
+class DataReport:
+    """The check's findings: printable sections and the errors that make it fail."""
+
+    sections: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        parts = [f"== {title}\n{body}" for title, body in self.sections.items()]
+        verdict = f"{len(self.errors)} error(s):\n  " + "\n  ".join(self.errors) if self.errors else "no errors"
+        return "\n\n".join(parts + [f"== verdict\n{verdict}"])
+
+
+def label_columns(table: pd.DataFrame, extra_columns) -> list[str]:
+    return [c for c in table.columns if c not in META_COLUMNS and c not in set(extra_columns)]
+
+
+def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: bool = False, workers: int = 4,
+                  size: int = 64) -> DataReport:  # fmt: skip
+    """Counts per class and split with head-to-tail groups, patients per split, overlaps, and unreadable files.
+
+    Args:
+        manifest_path: the manifest an adapter wrote.
+        root: image folder.
+        extra_columns: declared non-label columns.
+        decode: fully decode every image (slow on full-size releases) instead of the header/end-marker check.
+        workers: threads for the file checks.
+        size: decode size when ``decode`` (small: only readability is checked).
+    """
+    report = DataReport()
+    table = pd.read_csv(manifest_path, dtype=str, keep_default_na=False)
+    labels = label_columns(table, extra_columns)
+    try:
+        load_manifest(manifest_path, labels, KNOWN_FINDINGS, root=root, extra_columns=extra_columns, check_files=False)
+    except ManifestError as error:
+        report.errors += str(error).splitlines()[1:]
+    splits = [s for s in SPLITS if (table["split"] == s).any()]
+
+    values = table[labels].apply(pd.to_numeric, errors="coerce")
+    counts = pd.DataFrame({s: (values[table["split"] == s] == 1).sum() for s in splits})
+    counts["total"] = counts.sum(axis=1)
+    n_train = int((table["split"] == "train").sum())
+    if n_train:
+        counts["train %"] = (100 * counts["train"] / n_train).round(2)
+        counts["group"] = [frequency_group(c, counts.at[c, "train"] / n_train) for c in counts.index]
+    report.sections["positives per class"] = counts.to_string()
+
+    per_split = table.groupby("split").agg(images=("image_id", "size"), patients=("patient_id", "nunique"))
+    report.sections["images and patients per split"] = per_split.reindex(splits).to_string()
+    spread = table.groupby("patient_id")["split"].unique()
+    shared = spread[spread.map(len) > 1]
+    overlaps = [f"patient {p!r} in {sorted(s)}" for p, s in shared.items()]
+    report.sections["patients shared between splits"] = "\n".join(overlaps[:20]) or "none (patient-disjoint)"
+
+    check = (lambda path: read_grayscale(path, size)) if decode else check_file
+
+    def probe(index_path):  # fmt: skip
+        index, rel = index_path
+        try:
+            check(root / rel)
+            return None
+        except (OSError, ValueError) as error:
+            return f"line {index + 2}, image {table.at[index, 'image_id']!r}: {error}"
+
+    with ThreadPoolExecutor(workers) as pool:
+        bad = [m for m in pool.map(probe, enumerate(table["path"])) if m]
+    how = "decoded" if decode else "header and end marker checked"
+    report.sections["files"] = f"{len(table) - len(bad)} of {len(table)} readable ({how})"
+    report.errors += bad
+    return report

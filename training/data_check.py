@@ -1,0 +1,25 @@
+"""``make data-check DATA=<name> DATA_ROOT=<path>``: build the manifest and report on it; exit 1 on errors."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from training.data.check import check_dataset
+
+
+@hydra.main(config_path="../configs", config_name="data_tools", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    source = instantiate(cfg.data.source)
+    manifest = source.prepare()
+    extra = list(cfg.data.get("extra_columns") or []) + list(getattr(source, "extra_columns", ()))
+    report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4)
+    print(f"manifest: {manifest}\nimages:   {source.root}\n\n{report.render()}")
+    sys.exit(1 if report.errors else 0)
+
+
+if __name__ == "__main__":
+    main()
