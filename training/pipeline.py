@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -35,6 +36,8 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
         subset=OmegaConf.to_container(cfg.data.subset) if cfg.data.get("subset") else None,
         extra_columns=list(cfg.data.get("extra_columns") or []),
         seed=cfg.seed,
+        resize=cfg.data.get("resize", "stretch"),
+        cache=cfg.data.get("cache", True),
     )
 
 
@@ -46,12 +49,29 @@ def build_model(cfg: DictConfig) -> MultiLabelClassifier:
     )
 
 
-def run_training(cfg: DictConfig) -> str:
+def error_status(error: BaseException) -> str:
+    """MLflow status of a run that ended with ``error``: an interrupt KILLED, anything else FAILED."""
+    return "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+
+
+def run_training(
+    cfg: DictConfig,
+    callbacks: Sequence[L.Callback] = (),
+    extra_tags: Mapping[str, str] | None = None,
+    status_on_error: Callable[[BaseException], str] = error_status,
+) -> str:
     """Train, test and track one configuration; returns the MLflow run id.
 
     The manifest is validated before the run is created, so broken data never leaves an empty run behind. The
     run ends FINISHED only once test metrics, predictions and the checkpoint are stored; an error marks it
     FAILED and an interrupt KILLED, and either can be resumed with ``resume=true``.
+
+    Args:
+        cfg: the resolved ``train`` config.
+        callbacks: extra Lightning callbacks (a tuning trial adds Optuna's pruning callback).
+        extra_tags: extra MLflow run tags, e.g. ``mlflow.parentRunId`` to nest the run under a study's run.
+        status_on_error: maps the exception that ended the run to its MLflow status (a tuning trial ends a
+            pruned run KILLED rather than FAILED).
     """
     L.seed_everything(cfg.seed, workers=True)
     datamodule = build_datamodule(cfg)
@@ -66,18 +86,20 @@ def run_training(cfg: DictConfig) -> str:
         **{f"cxrlt.{key}": str(value) for key, value in (cfg.get("tags") or {}).items()},
     }
     stage = build_component(cfg.stage)
-    session = open_session(cfg, {**tags, **stage.tags()})
+    session = open_session(cfg, {**tags, **stage.tags(), **(extra_tags or {})})
     try:
-        _fit_and_test(cfg, datamodule, session, stage)
+        _fit_and_test(cfg, datamodule, session, stage, callbacks)
     except BaseException as error:
-        session.close("KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED")
+        session.close(status_on_error(error))
         raise
     session.close("FINISHED")
     log.info("run %s finished; compare it with `make ui`", session.run_id)
     return session.run_id
 
 
-def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingSession, stage) -> None:
+def _fit_and_test(
+    cfg: DictConfig, datamodule: CXRDataModule, session: TrackingSession, stage, callbacks: Sequence[L.Callback] = ()
+) -> None:
     model = build_model(cfg)
     stage.prepare(model, session.client)  # on resume the weights then come from last.ckpt; freezing still holds
     checkpoint = ModelCheckpoint(
@@ -85,7 +107,10 @@ def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingS
         save_top_k=1, save_last=True, enable_version_counter=False, save_on_train_epoch_end=True,
     )  # fmt: skip
     trainer = L.Trainer(
-        **cfg.trainer, logger=session.logger, callbacks=[checkpoint], default_root_dir=session.checkpoint_dir
+        **cfg.trainer,
+        logger=session.logger,
+        callbacks=[checkpoint, *callbacks],
+        default_root_dir=session.checkpoint_dir,
     )
     trainer.fit(model, datamodule=datamodule, ckpt_path=session.resume_from)
     if trainer.interrupted:
@@ -94,7 +119,13 @@ def _fit_and_test(cfg: DictConfig, datamodule: CXRDataModule, session: TrackingS
     best = Path(checkpoint.best_model_path)
     state = torch.load(best, map_location="cpu", weights_only=True)
     model.load_state_dict(state["state_dict"])
-    session.log_metrics({"best_epoch": state["epoch"]})
+    # The monitored value of the kept checkpoint, beside the per-epoch series: what `make register` ranks by.
+    best_score = (
+        {f"{cfg.checkpoint.monitor}_best": float(checkpoint.best_model_score)}
+        if checkpoint.best_model_score is not None
+        else {}
+    )
+    session.log_metrics({"best_epoch": state["epoch"], **best_score})
     if trainer.is_global_zero:
         evaluation = evaluate(model, datamodule, cfg)
         with tempfile.TemporaryDirectory() as tmp:

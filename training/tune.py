@@ -1,0 +1,67 @@
+"""Entry point: ``python -m training.tune task=task1 tune.trials=20 [hparams_search=...] [pruner=...]`` (``make tune``).
+
+Every trial is a normal tracked training run nested under the study's parent run; see :mod:`training.tuning`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import hydra
+import optuna
+from hydra.core.hydra_config import HydraConfig
+from mlflow import MlflowClient
+from omegaconf import DictConfig
+
+from training.tracking.session import tracking_uri
+from training.tuning.objective import Objective
+from training.tuning.report import log_best, state_counts, write_report
+from training.tuning.space import SearchSpace
+from training.tuning.study import build_storage, open_study, parent_run, remaining
+
+log = logging.getLogger(__name__)
+
+
+def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list[str]], DictConfig]) -> optuna.Study:
+    """Open (or resume) the study, run trials until it holds ``tune.trials``, and report into the parent run."""
+    space = SearchSpace.from_config(cfg.hparams_search)  # a bad space fails before anything is created
+    study, created = open_study(cfg, build_storage(cfg))
+    client = MlflowClient(tracking_uri(cfg))
+    parent = parent_run(cfg, study, created, client)
+    metric, target = str(cfg.tune.metric), int(cfg.tune.trials)
+    objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name)
+    status = "FINISHED"
+    try:
+        if remaining(study, target):
+            study.optimize(
+                objective,
+                timeout=cfg.tune.timeout,
+                catch=(Exception,),  # a failed trial (diverged, bad combination) is recorded; the study goes on
+                gc_after_trial=True,
+                callbacks=[optuna.study.MaxTrialsCallback(target, states=None),
+                           lambda study, trial: log_best(study, client, parent, metric)],
+            )  # fmt: skip
+        else:
+            log.info("study %s already holds %d trials (tune.trials=%d): nothing to run", study.study_name,
+                     len(study.trials), target)  # fmt: skip
+    except BaseException:
+        status = "KILLED"
+        raise
+    finally:
+        write_report(study, client, parent, metric)
+        client.set_terminated(parent, status)
+    log.info("study %s: %s; parent run %s", study.study_name, state_counts(study), parent)
+    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        log.info("best %s %.4f (trial %d): %s", metric, study.best_value, study.best_trial.number, study.best_params)
+    return study
+
+
+@hydra.main(config_path="../configs", config_name="tune", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    overrides = list(HydraConfig.get().overrides.task)
+    run_study(cfg, overrides, lambda extra: hydra.compose(config_name="tune", overrides=extra))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Hyperparameter tuning with Optuna: search spaces, studies, trials as tracked runs, study reports."""

@@ -1,0 +1,156 @@
+"""One Optuna trial = one ordinary tracked training run, nested under the study's parent run.
+
+The trial draws its parameters from the search space, composes the ``train`` config with them as Hydra overrides
+(so a group such as ``loss=asl`` is swapped exactly as on the command line), and hands it to
+:func:`training.pipeline.run_training` with Optuna's Lightning pruning callback. Nothing about training is
+duplicated here: a trial run has the same params, per-epoch metrics, checkpoint and test evaluation as a
+``make train`` run, plus tags saying which study and trial it belongs to and how it ended.
+
+Run states. ``optuna.state`` on the MLflow run is Optuna's own state name: ``COMPLETE``, ``PRUNED`` or ``FAIL``.
+A complete trial's run is FINISHED (tested, checkpoint stored). A pruned trial's run is ended **KILLED**, not
+FINISHED, because the platform's contract is that a FINISHED run is complete (tested, with a best checkpoint);
+``make register`` therefore never picks a pruned trial. Its working checkpoints are deleted, since a pruned
+trial is not meant to be resumed. A failed trial's run is FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lightning.pytorch as L
+import optuna
+from mlflow import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+from optuna_integration import PyTorchLightningPruningCallback
+
+from training.pipeline import error_status, run_training
+from training.tracking.session import tracking_uri
+from training.tuning.space import SearchSpace, to_overrides
+
+log = logging.getLogger(__name__)
+
+#: Root-config keys that configure the study, not the training; a trial's run never sees them.
+TUNE_KEYS = ("tune", "hparams_search", "pruner")
+#: Optuna direction -> Lightning ``ModelCheckpoint`` mode, so the kept checkpoint is the one the trial scores.
+CHECKPOINT_MODE = {"maximize": "max", "minimize": "min"}
+#: How the best of a trial's per-epoch values is taken, per direction.
+BEST = {"maximize": max, "minimize": min}
+
+STATE_TAG = "optuna.state"
+TRIAL_TAG = "optuna.trial_number"
+STUDY_TAG = "optuna.study_name"
+RUN_ATTR = "mlflow_run_id"
+
+
+class TrialRecorder(L.Callback):
+    """Notes the MLflow run a trial writes to, and the objective's value after every validation.
+
+    The run id goes into the trial's user attributes as soon as fitting starts, so even a trial whose worker is
+    killed can be traced to (and closed in) MLflow later.
+    """
+
+    def __init__(self, trial: optuna.Trial, metric: str):
+        self.trial = trial
+        self.metric = metric
+        self.run_id: str | None = None
+        self.values: dict[int, float] = {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.run_id = trainer.logger.run_id
+        self.trial.set_user_attr(RUN_ATTR, self.run_id)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get(self.metric)
+        if not trainer.sanity_checking and value is not None:
+            self.values[pl_module.current_epoch] = float(value)
+
+
+def trial_status(error: BaseException) -> str:
+    """MLflow status of a trial run ended by ``error``: pruning ends it KILLED (see module docstring)."""
+    return "KILLED" if isinstance(error, optuna.TrialPruned) else error_status(error)
+
+
+def merge_overrides(base: Sequence[str], trial: Sequence[str]) -> list[str]:
+    """The command line's overrides with the trial's appended; a key the trial sets replaces the command line's.
+
+    Hydra refuses two values for one group, so a ``loss=bce`` typed by the user is dropped when the search space
+    draws ``loss``; the user is told once per trial.
+    """
+
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    drawn = {key(o) for o in trial}
+    replaced = [o for o in base if key(o) in drawn]
+    if replaced:
+        log.warning("the search space sets %s; ignoring the command line's %s", sorted(drawn), replaced)
+    return [o for o in base if key(o) not in drawn] + list(trial)
+
+
+def train_config(cfg: DictConfig, metric: str, direction: str, run_name: str) -> DictConfig:
+    """The trial's ``train`` config: resolved, without the study's keys, checkpointing on the objective."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for key in TUNE_KEYS:
+        plain.pop(key, None)
+    plain["checkpoint"] = {"monitor": metric, "mode": CHECKPOINT_MODE[direction]}
+    plain["run_name"] = run_name
+    return OmegaConf.create(plain)
+
+
+class Objective:
+    """Callable handed to ``study.optimize``.
+
+    Args:
+        compose: ``overrides -> config``, composing the root ``tune`` config (``hydra.compose`` in the CLI).
+        overrides: the command line's overrides, applied to every trial.
+        space: the parsed search space.
+        metric: logged metric to optimise, e.g. ``val/mAP``.
+        direction: ``maximize`` or ``minimize``.
+        parent_run_id: the study's MLflow run; every trial run is nested under it.
+        study_name: recorded on every trial run.
+    """
+
+    def __init__(self, compose: Callable[[list[str]], DictConfig], overrides: Sequence[str], space: SearchSpace,
+                 metric: str, direction: str, parent_run_id: str, study_name: str):  # fmt: skip
+        self.compose = compose
+        self.overrides = list(overrides)
+        self.space = space
+        self.metric = metric
+        self.direction = direction
+        self.parent_run_id = parent_run_id
+        self.study_name = study_name
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        values = self.space.sample(trial)
+        composed = self.compose(merge_overrides(self.overrides, to_overrides(values)))
+        cfg = train_config(composed, self.metric, self.direction, f"{composed.run_name}-t{trial.number}")
+        recorder = TrialRecorder(trial, self.metric)
+        pruning = PyTorchLightningPruningCallback(trial, monitor=self.metric)
+        tags = {"mlflow.parentRunId": self.parent_run_id, STUDY_TAG: self.study_name, TRIAL_TAG: str(trial.number),
+                STATE_TAG: "RUNNING", "optuna.params": json.dumps(values, default=str)[:5000]}  # fmt: skip
+        log.info("trial %d: %s", trial.number, values)
+        try:
+            run_training(cfg, callbacks=[pruning, recorder], extra_tags=tags, status_on_error=trial_status)
+        except optuna.TrialPruned:
+            self._close(cfg, recorder, "PRUNED", {"optuna.pruned_epoch": str(max(recorder.values, default=-1))})
+            shutil.rmtree(Path(cfg.tracking.checkpoint_root) / str(recorder.run_id), ignore_errors=True)
+            raise
+        except BaseException as error:
+            self._close(cfg, recorder, "FAIL", {"optuna.error": repr(error)[:1000]})
+            raise
+        value = BEST[self.direction](recorder.values.values()) if recorder.values else math.nan
+        self._close(cfg, recorder, "COMPLETE", {"optuna.value": repr(value)})
+        return value
+
+    def _close(self, cfg: DictConfig, recorder: TrialRecorder, state: str, tags: dict[str, str]) -> None:
+        """Tag the trial's run with its final Optuna state (the pipeline already set the MLflow status)."""
+        if recorder.run_id is None:  # failed before fitting began: no run, or one the pipeline already marked
+            return
+        client = MlflowClient(tracking_uri(cfg))
+        for key, value in {STATE_TAG: state, **tags}.items():
+            client.set_tag(recorder.run_id, key, value)

@@ -1,0 +1,154 @@
+"""The study: storage, sampler and pruner from config, the parent MLflow run, and the shared trial budget.
+
+Storage. Any SQLAlchemy URL Optuna accepts; by default a SQLite file in ``mlruns/``. A study is found by name,
+so restarting the same command resumes it, and several workers (processes or machines) pointed at one storage
+share it. Trial numbers are assigned by the storage inside its insert transaction, so they are unique and
+contiguous however many workers there are.
+
+Budget. ``tune.trials=N`` means "until the study holds N trials", counting every state including trials other
+workers are still running (Optuna's ``MaxTrialsCallback`` with ``states=None``, checked after each trial and once
+before the first). So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two, and two workers stop together.
+
+Stopped workers. Storage heartbeats are on: a trial whose worker died (kill -9, lost node) stops beating and is
+marked FAIL by the next worker that starts a trial, and its MLflow run is closed KILLED, so the study never
+waits on a ghost.
+
+Parent run. Exactly one per study: the worker whose ``create_study`` inserted the study creates it and stores
+its id in the study's user attributes; the others (``DuplicatedStudyError``, i.e. what ``load_if_exists`` does)
+wait for that id. This is ``load_if_exists=True`` unrolled, so the one creator is known.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import optuna
+from hydra.utils import instantiate
+from mlflow import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from training.tracking.session import git_commit, tracking_uri
+from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG
+
+log = logging.getLogger(__name__)
+
+PARENT_ATTR = "mlflow_parent_run_id"
+KIND_TAG = "cxrlt.kind"
+STUDY_KIND = "tuning-study"
+#: Extra engine settings per database scheme. SQLite: wait for a writer rather than fail at once when several
+#: workers share the file.
+ENGINE_KWARGS = {"sqlite": {"connect_args": {"timeout": 60}}}
+
+
+def storage_url(url: str) -> str:
+    """The storage URL with a relative SQLite path's folder created (SQLite does not create folders)."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite" and parts.path.startswith("/") and len(parts.path) > 1:
+        Path(parts.path[1:]).parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def redacted(url: str) -> str:
+    """The URL without a password, for tags and logs."""
+    parts = urlsplit(url)
+    return url.replace(f":{parts.password}@", ":***@") if parts.password else url
+
+
+def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
+    """RDB storage with heartbeats; a dead worker's trials are failed and their MLflow runs closed."""
+    url = storage_url(str(cfg.tune.storage))
+    uri = tracking_uri(cfg)
+
+    def close_ghost_run(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        run_id = trial.user_attrs.get(RUN_ATTR)
+        log.warning("trial %d stopped beating (worker gone); marked FAIL", trial.number)
+        if run_id:
+            client = MlflowClient(uri)
+            client.set_tag(run_id, STATE_TAG, "FAIL")
+            client.set_terminated(run_id, "KILLED")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in practice
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=ENGINE_KWARGS.get(urlsplit(url).scheme.split("+")[0], {}),
+            heartbeat_interval=cfg.tune.heartbeat_interval,
+            grace_period=cfg.tune.grace_period,
+            heartbeat_stale_trial_callback=close_ghost_run,
+        )
+
+
+def open_study(cfg: DictConfig, storage: optuna.storages.BaseStorage) -> tuple[optuna.Study, bool]:
+    """Create the study or load it by name; returns ``(study, created_here)``.
+
+    The sampler is seeded with ``tune.seed`` plus the trials the study already holds plus ``tune.worker``: a
+    restart draws new points instead of replaying its first ones, and parallel workers started at the same
+    moment (same trial count) draw different ones as long as each has its own ``tune.worker``.
+    """
+    name = str(cfg.tune.study)
+    pruner = instantiate(cfg.pruner, _convert_="all")
+    args = dict(storage=storage, study_name=name, pruner=pruner)
+    try:
+        study = optuna.create_study(**args, direction=cfg.tune.direction, sampler=_sampler(cfg, 0))
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(**args)
+        created = False
+        if study.direction.name.lower() != str(cfg.tune.direction):
+            raise ValueError(f"study {name!r} exists with direction {study.direction.name.lower()}, "
+                             f"not {cfg.tune.direction}; choose another tune.study") from None  # fmt: skip
+        study.sampler = _sampler(cfg, len(study.get_trials(deepcopy=False)))
+    return study, created
+
+
+def _sampler(cfg: DictConfig, existing: int) -> optuna.samplers.BaseSampler:
+    seed = int(cfg.tune.seed) + existing + 1009 * int(cfg.tune.worker)
+    return instantiate(cfg.tune.sampler, seed=seed, _convert_="all")
+
+
+def experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
+    """The task's experiment, created like a training run would (artifacts under ``mlruns/artifacts``)."""
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    if experiment is not None:
+        return experiment.experiment_id
+    uri = tracking_uri(cfg)
+    local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
+    location = Path(cfg.tracking.artifact_root).resolve().as_uri() if local else None
+    try:
+        return client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+    except Exception:  # created meanwhile by another worker
+        return client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+
+
+def parent_run(cfg: DictConfig, study: optuna.Study, created: bool, client: MlflowClient, wait_s: float = 120.0) -> str:
+    """The study's parent run id: created by the study's creator, awaited by the other workers.
+
+    A worker that loads a study without a parent run (its creator died first, or it predates tracking) creates
+    one once the wait is over.
+    """
+    deadline = time.monotonic() + (0.0 if created else wait_s)
+    while PARENT_ATTR not in study.user_attrs and time.monotonic() < deadline:
+        time.sleep(1.0)
+    run_id = study.user_attrs.get(PARENT_ATTR)
+    if run_id is None:
+        tags = {KIND_TAG: STUDY_KIND, STUDY_TAG: study.study_name, "task": str(cfg.task.name),
+                "optuna.storage": redacted(str(cfg.tune.storage)), "mlflow.source.git.commit": git_commit()}  # fmt: skip
+        run = client.create_run(experiment_id(client, cfg), run_name=f"study-{study.study_name}", tags=tags)
+        run_id = run.info.run_id
+        study.set_user_attr(PARENT_ATTR, run_id)
+        settings = {k: cfg.tune[k] for k in ("metric", "direction", "seed")}
+        client.log_text(run_id, OmegaConf.to_yaml({**settings, "search": cfg.hparams_search, "pruner": cfg.pruner,
+                                                    "sampler": cfg.tune.sampler}, resolve=True), "study.yaml")  # fmt: skip
+        log.info("study %s: parent run %s", study.study_name, run_id)
+    else:
+        client.update_run(run_id, status="RUNNING")
+    return run_id
+
+
+def remaining(study: optuna.Study, target: int) -> int:
+    """Trials still to start before the study holds ``target`` (all states count, running ones included)."""
+    return max(0, target - len(study.get_trials(deepcopy=False)))
