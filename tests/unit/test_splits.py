@@ -22,3 +22,27 @@ def test_assignment_is_stable_when_patients_are_added_or_reordered():
     second = dict(zip(more, patient_split(more, seed=5), strict=True))
     assert all(second[p] == s for p, s in first.items())
     assert (patient_split(list(first), seed=6) != np.array(list(first.values()))).any()
+
+
+def test_stratified_split_is_patient_disjoint_balanced_and_order_free():
+    from training.data.splits import stratified_patient_split
+
+    rng = np.random.default_rng(0)
+    patients = rng.integers(0, 400, 1500).astype(str)
+    labels = (rng.random((1500, 4)) < [0.3, 0.05, 0.02, 0.01]).astype(float)
+    labels[rng.random(labels.shape) < 0.05] = np.nan  # unlabelled cells count as negatives for balancing
+    fractions = {"train": 0.7, "val": 0.1, "test": 0.2}
+    splits = stratified_patient_split(patients, labels, fractions, seed=3)
+    by_patient = {}
+    for patient, split in zip(patients, splits, strict=True):
+        assert by_patient.setdefault(patient, split) == split
+    # every class with >= 10 positive patients has positives in every split
+    positive = np.nan_to_num(labels) == 1
+    for c in range(4):
+        assert all(positive[splits == s, c].any() for s in fractions), c
+    share = {s: len({p for p, x in by_patient.items() if x == s}) / len(by_patient) for s in fractions}
+    assert all(abs(share[s] - f) < 0.03 for s, f in fractions.items())
+    order = rng.permutation(1500)
+    again = stratified_patient_split(patients[order], labels[order], fractions, seed=3)
+    assert (again == splits[order]).all()
+    assert (stratified_patient_split(patients, labels, fractions, seed=4) != splits).any()

@@ -41,7 +41,7 @@ def canonical_name(name: str, vocabulary: Iterable[str] = KNOWN_FINDINGS) -> str
     if name in vocabulary:
         return name
     key = normalise(name)
-    by_key = {normalise(v): v for v in vocabulary}
+    by_key = {normalise(v): v for v in reversed(vocabulary)}  # on a collision the earlier (CXR-LT) name wins
     if key in by_key:
         return by_key[key]
     target = ALIASES.get(key)

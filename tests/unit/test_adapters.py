@@ -1,0 +1,182 @@
+"""Adapters on tiny release-shaped folders: layouts, ids, class names and splits, and every documented error."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pandas as pd
+import pytest
+
+from training.data.adapters.base import AdapterError
+from training.data.adapters.kermany import KermanySource, parse_name, patient_key
+from training.data.adapters.nih14 import NIH14Source
+from training.data.adapters.table import CXRLT2026Source, TableSource
+from training.data.findings import NIH14_LABELS
+from training.data.label_names import ORGANISER_SPELLING, canonical_name
+from training.data.manifest import load_manifest
+
+
+def image(path, value=128, size=16):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), np.full((size, size), value, np.uint8))
+
+
+def read(path):
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "patient", "subtype"),
+    [
+        ("person123_bacteria_456.jpeg", "person123", "bacteria"),
+        ("person1_virus_6.jpeg", "person1", "virus"),
+        ("person1_virus_6_7.jpeg", "person1", "virus"),
+        ("IM-0115-0001.jpeg", "IM-0115", None),
+        ("IM-0429-0001-0002.jpeg", "IM-0429", None),
+        ("NORMAL2-IM-0383-0001.jpeg", "NORMAL2-IM-0383", None),
+        ("NORMAL2-IM-0383-0001-0002.jpeg", "NORMAL2-IM-0383", None),
+    ],
+)
+def test_kermany_file_names(name, patient, subtype):
+    assert parse_name(name) == (patient, subtype)
+
+
+def test_kermany_unknown_file_name_is_named():
+    with pytest.raises(AdapterError, match="scan_7.jpeg"):
+        patient_key("scan_7.jpeg")
+
+
+def test_kermany_layout_to_manifest(tmp_path):
+    root = tmp_path / "chest_xray"
+    names = {("train", "NORMAL"): [f"IM-{i:04d}-0001.jpeg" for i in range(12)],
+             ("train", "PNEUMONIA"): [f"person{i}_bacteria_{i}.jpeg" for i in range(20)] + ["person99_virus_1.jpeg"],
+             ("test", "NORMAL"): ["IM-0900-0001.jpeg"], ("test", "PNEUMONIA"): ["person99_virus_2.jpeg"]}  # fmt: skip
+    for (split, label), files in names.items():
+        for file in files:
+            image(root / split / label / file)
+    table = read(KermanySource(str(root), out_dir=str(tmp_path / "m")).prepare())
+    # person99 is in the test folder, so its train image is excluded, not leaked.
+    assert "train/PNEUMONIA/person99_virus_1.jpeg" not in set(table["path"])
+    assert len(table) == 12 + 20 + 2
+    assert table.groupby("patient_id")["split"].nunique().max() == 1
+    assert set(table.loc[table["official_split"] == "test", "split"]) == {"test"}
+    assert set(table.loc[table["official_split"] == "train", "split"]) == {"train", "val"}
+    assert table.loc[table["path"] == "test/PNEUMONIA/person99_virus_2.jpeg", ["Pneumonia", "subtype"]].values.tolist() \
+        == [["1", "virus"]]  # fmt: skip
+
+
+def test_kermany_wrong_layout_says_what_it_expected(tmp_path):
+    (tmp_path / "images").mkdir()
+    with pytest.raises(AdapterError, match=r"train/NORMAL/"):
+        KermanySource(str(tmp_path), out_dir=str(tmp_path / "m")).prepare()
+
+
+def nih_release(root, rows, test_list=None):
+    header = "Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,Patient Gender,View Position,x\n"
+    (root / "images_001" / "images").mkdir(parents=True)
+    lines = []
+    for i, (patient, findings) in enumerate(rows):
+        name = f"{int(patient):08d}_{i:03d}.png"
+        image(root / "images_001" / "images" / name)
+        lines.append(f"{name},{findings},{i},{patient},50,F,PA,0")
+    (root / "Data_Entry_2017_v2020.csv").write_text(header + "\n".join(lines) + "\n")
+    if test_list:
+        (root / "test_list.txt").write_text("\n".join(test_list) + "\n")
+
+
+def test_nih_findings_and_official_test_list(tmp_path):
+    rows = [(p, "Effusion|Hernia" if p % 3 == 0 else "No Finding") for p in range(1, 31)]
+    nih_release(tmp_path / "nih", rows, test_list=["00000001_000.png", "00000002_001.png"])
+    table = read(NIH14Source(str(tmp_path / "nih"), out_dir=str(tmp_path / "m")).prepare())
+    row = table.set_index("image_id").loc["00000003_002.png"]
+    assert (row["Effusion"], row["Hernia"], row["No Finding"], row["Atelectasis"]) == ("1", "1", "0", "0")
+    assert row["path"] == "images_001/images/00000003_002.png" and row["patient_id"] == "3"
+    assert set(table.loc[table["split"] == "test", "image_id"]) == {"00000001_000.png", "00000002_001.png"}
+    assert set(table["split"]) == {"train", "val", "test"}
+    manifest = load_manifest(next((tmp_path / "m").glob("*.csv")), NIH14_LABELS, NIH14_LABELS, root=tmp_path / "nih",
+                             extra_columns=NIH14Source.extra_columns)  # fmt: skip
+    assert manifest.class_counts("train").sum() > 0
+
+
+def test_nih_unknown_finding_names_its_line(tmp_path):
+    nih_release(tmp_path / "nih", [(1, "Effusion"), (2, "Efusion|Mass")])
+    with pytest.raises(AdapterError, match=r"line 3, column 'Finding Labels': unknown finding 'Efusion'"):
+        NIH14Source(str(tmp_path / "nih"), out_dir=str(tmp_path / "m")).prepare()
+
+
+def cxrlt_release(root, ids, patients, extra=None):
+    (root / "images").mkdir(parents=True)
+    for i in ids:
+        if "E+" not in i:
+            image(root / "images" / f"{i}.png")
+    columns = {"ImageID": ids, "PatientID": patients, "pleural effusion": [i % 2 for i in range(len(ids))],
+               "cardiomegaly": [1] * len(ids), **(extra or {})}  # fmt: skip
+    pd.DataFrame(columns).to_csv(root / "train_labels.csv", index=False)
+
+
+def test_cxrlt_ids_stay_text_and_organiser_names_map_to_the_papers(tmp_path):
+    ids = [f"00{i}12345678901234" for i in range(20)]
+    cxrlt_release(tmp_path / "r", ids, [f"0{i // 2}" for i in range(20)])
+    source = CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", image_dir="images", image_suffix=".png",
+                             out_dir=str(tmp_path / "m"))  # fmt: skip
+    table = read(source.prepare())
+    assert table["image_id"].tolist() == ids  # leading zeros and all 18 digits kept
+    assert table["patient_id"].iloc[0] == "00"
+    assert {"Pleural Effusion", "Cardiomegaly"} <= set(table.columns)
+    assert table.groupby("patient_id")["split"].nunique().max() == 1
+
+
+def test_scientific_notation_ids_are_refused_with_their_line(tmp_path):
+    cxrlt_release(tmp_path / "r", ["1.23457E+11", "200"], ["1", "2"])
+    with pytest.raises(AdapterError, match=r"line 2, column 'ImageID': '1.23457E\+11' looks like a number"):
+        CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
+
+
+def test_duplicated_ids_are_refused_with_their_lines(tmp_path):
+    cxrlt_release(tmp_path / "r", ["a", "b", "a"], ["1", "2", "3"])
+    with pytest.raises(AdapterError, match=r"'a' duplicated on lines \[2, 4\]"):
+        CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
+
+
+def test_unknown_class_names_are_refused_with_a_suggestion(tmp_path):
+    cxrlt_release(tmp_path / "r", ["a", "b"], ["1", "2"], extra={"cardiomegalia": [0, 1]})
+    with pytest.raises(AdapterError, match=r"column 'cardiomegalia': unknown class name \(did you mean 'Cardiomegaly'"):
+        CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
+
+
+def test_bad_label_values_are_named(tmp_path):
+    root = tmp_path / "t"
+    root.mkdir()
+    pd.DataFrame({"image": ["a.png", "b.png"], "Mass": ["1", "maybe"]}).to_csv(root / "labels.csv", index=False)
+    with pytest.raises(AdapterError, match=r"line 3, column 'Mass': 'maybe' is not 0/1"):
+        TableSource(str(root), out_dir=str(tmp_path / "m")).prepare()
+
+
+def test_generic_table_with_label_map_split_column_and_dicom_paths(tmp_path):
+    root = tmp_path / "t"
+    rows = [{"file": f"scans/{i}.dcm", "patient": f"p{i}", "set": ["train", "validation", "test"][i % 3],
+             "opacity": i % 2, "age": 40 + i} for i in range(9)]  # fmt: skip
+    root.mkdir()
+    pd.DataFrame(rows).to_csv(root / "labels.csv", index=False)
+    source = TableSource(str(root), image_column="file", patient_column="patient", split_column="set",
+                         label_map={"opacity": "Consolidation"}, keep_columns=["age"], out_dir=str(tmp_path / "m"))  # fmt: skip
+    table = read(source.prepare())
+    assert table["split"].tolist() == ["train", "val", "test"] * 3
+    assert table["Consolidation"].tolist() == [str(i % 2) for i in range(9)]
+    assert table["path"].iloc[0] == "scans/0.dcm" and table["age"].iloc[8] == "48"
+    assert source.labels == ("Consolidation",)
+
+
+def test_manifest_is_rewritten_only_when_its_content_changes(tmp_path):
+    cxrlt_release(tmp_path / "r", [f"i{i}" for i in range(10)], [f"p{i}" for i in range(10)])
+    source = CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m"))
+    first = source.prepare()
+    stamp = first.stat().st_mtime_ns
+    assert source.prepare() == first and first.stat().st_mtime_ns == stamp
+
+
+def test_organiser_spellings_round_trip():
+    for paper, organiser in ORGANISER_SPELLING.items():
+        assert canonical_name(organiser) == paper
+        assert canonical_name(organiser.upper().replace(" ", "_")) == paper
+    assert canonical_name("Pleural Efusion") is None
