@@ -1,0 +1,177 @@
+"""``make register``: pick a task's best finished run, register it as ``cxrlt-<task>``, point ``champion`` at it.
+
+Ranking. Runs are ordered by ``--metric`` (default ``val/mAP``: chosen on validation, so the test set stays a
+test), then by the challenge's own order as tie-breaks: ``test/mAP``, ``test/mAUROC``, ``test/mF1``, then
+``test/mECE`` (lower is better), then the earlier run. For a per-epoch metric the value of the kept checkpoint
+(``<metric>_best``, logged by the pipeline) is used when the run has it, otherwise the last logged value. Runs
+without the metric, unfinished runs (pruned trials are KILLED) and study parent runs are never candidates.
+
+Registry. Aliases, not the deprecated stages: the new version gets ``champion`` and the previous holder keeps its
+version number, tags and history (plus ``cxrlt.replaced_by``). Registering a run that already has a version
+re-points the alias to that version instead of adding a duplicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from evaluation.serving import example_request, save_artifacts, scorer_from_run, signature
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # models-from-code: the registry stores code, no pickle
+ALIAS = "champion"
+#: Challenge tie-breaks after the chosen metric: (metric key, larger is better).
+TIE_BREAKS: tuple[tuple[str, bool], ...] = (("test/mAP", True), ("test/mAUROC", True), ("test/mF1", True),
+                                            ("test/mECE", False))  # fmt: skip
+#: Metric names (last path part, before any ``_best``) where lower is better; everything else is maximised.
+LOWER_IS_BETTER = frozenset({"mECE", "ECE_pooled", "ECE", "loss"})
+STUDY_KIND = ("cxrlt.kind", "tuning-study")
+#: Pinned requirements written into the model (``--env-manager local`` serves in the project's own env).
+REQUIREMENTS = ("torch", "torchvision", "timm", "lightning", "albumentations", "opencv-python-headless", "mlflow",
+                "pandas", "numpy", "omegaconf", "hydra-core", "cxrlt-lab")  # fmt: skip
+
+
+def model_name(task: str) -> str:
+    return f"cxrlt-{task}"
+
+
+def larger_is_better(metric: str) -> bool:
+    return metric.rsplit("/", 1)[-1].removesuffix("_best") not in LOWER_IS_BETTER
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A run as ranking sees it: id, start time and its metrics."""
+
+    run_id: str
+    start_time: int
+    metrics: dict[str, float]
+
+    def value(self, metric: str) -> float:
+        """The kept checkpoint's value of ``metric`` when logged, else the latest; NaN when absent."""
+        value = self.metrics.get(f"{metric}_best", self.metrics.get(metric, math.nan))
+        return float(value)
+
+
+def rank(candidates: Iterable[Candidate], metric: str) -> list[Candidate]:
+    """Best first: ``metric``, then :data:`TIE_BREAKS` (missing values last), then the earlier run."""
+    keys = [(metric, larger_is_better(metric))] + [(k, up) for k, up in TIE_BREAKS if k != metric]
+
+    def sort_key(candidate: Candidate) -> tuple:
+        parts = []
+        for key, up in keys:
+            value = candidate.value(key)
+            parts.append(math.inf if math.isnan(value) else (-value if up else value))
+        return (*parts, candidate.start_time, candidate.run_id)
+
+    return sorted(candidates, key=sort_key)
+
+
+def candidates(client: MlflowClient, experiment: str, metric: str) -> list[Candidate]:
+    """Finished runs of the experiment that logged ``metric`` (or its ``_best``), study parents excluded."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(f"no MLflow experiment {experiment!r}; train first (make train TASK={experiment})")
+    runs = client.search_runs([found.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=50000)
+    return [
+        Candidate(run.info.run_id, run.info.start_time, dict(run.data.metrics))
+        for run in runs
+        if run.data.tags.get(STUDY_KIND[0]) != STUDY_KIND[1]
+        and (metric in run.data.metrics or f"{metric}_best" in run.data.metrics)
+    ]
+
+
+def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIAS, reason: dict | None = None):
+    """Register ``run_id`` as a new version of ``name`` (or reuse its version) and move ``alias`` to it.
+
+    The pyfunc is logged into the source run (artifact ``model``), so the version's source is that run.
+    Returns the ``ModelVersion`` now holding the alias.
+    """
+    existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    if existing:
+        version = max(existing, key=lambda v: int(v.version))
+        log.info("run %s is already %s version %s; moving %r to it", run_id, name, version.version, alias)
+    else:
+        scorer = scorer_from_run(client, run_id)
+        with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=str(PYFUNC_CODE), artifacts=save_artifacts(scorer, Path(tmp)),
+                signature=signature(scorer.labels), input_example=example_request(scorer.image_size), pip_requirements=_requirements(), registered_model_name=name,
+                metadata={"labels": scorer.labels, "image_size": scorer.image_size, "thresholds": scorer.thresholds,
+                          "source_run_id": run_id},
+            )  # fmt: skip
+        version = client.get_model_version(name, str(info.registered_model_version))
+    previous = _alias_holder(client, name, alias)
+    client.set_registered_model_alias(name, alias, version.version)
+    for key, value in {"source_run_id": run_id, **(reason or {})}.items():
+        client.set_model_version_tag(name, version.version, f"cxrlt.{key}", str(value))
+    if previous is not None and previous.version != version.version:
+        client.set_model_version_tag(name, previous.version, "cxrlt.replaced_by", str(version.version))
+        client.set_model_version_tag(name, version.version, "cxrlt.previous_champion", str(previous.version))
+    return client.get_model_version(name, version.version)
+
+
+def _alias_holder(client: MlflowClient, name: str, alias: str):
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = []
+    for package in REQUIREMENTS:
+        try:
+            pins.append(f"{package}=={version(package)}")
+        except PackageNotFoundError:
+            continue
+    return pins
+
+
+def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", experiment: str | None = None,
+                  run_id: str | None = None, alias: str = ALIAS):  # fmt: skip
+    """Rank the task's runs, register the best (or ``run_id``) and make it the ``alias`` holder."""
+    ranked = rank(candidates(client, experiment or task, metric), metric)
+    if run_id is None:
+        if not ranked:
+            raise ValueError(f"no finished run in experiment {experiment or task!r} logged {metric!r}")
+        run_id = ranked[0].run_id
+    best = next((c for c in ranked if c.run_id == run_id), None)
+    reason = {"rank_metric": metric, "rank_value": best.value(metric) if best else "n/a", "candidates": len(ranked)}
+    return register_run(client, run_id, model_name(task), alias, reason)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="task1")
+    parser.add_argument("--metric", default="val/mAP", help="ranking metric (default val/mAP)")
+    parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the task name)")
+    parser.add_argument("--run", default=None, help="register this run id instead of the best one")
+    parser.add_argument("--alias", default=ALIAS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    mlflow.set_tracking_uri(uri)
+    version = register_best(MlflowClient(uri), args.task, args.metric, args.experiment, args.run, args.alias)
+    log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
+             args.alias, version.name, args.alias)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

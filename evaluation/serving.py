@@ -1,0 +1,216 @@
+"""A finished run as a scorer of image files, and the MLflow pyfunc that carries it into the registry.
+
+The registered model holds everything scoring needs, so ``mlflow models serve -m models:/cxrlt-task1@champion``
+works without the run's config or data: the network weights (from the run's best checkpoint, loaded with
+``weights_only=True``), the preprocessing (image size; decoding with the training code's
+:func:`training.data.images.read_grayscale` and the evaluation transform of
+:func:`training.data.transforms.build_transform`), the label names and the per-class thresholds chosen on the
+run's validation predictions.
+
+Requests are a DataFrame with one image per row, either ``image`` (a file path readable by the server) or
+``image_b64`` (the file's bytes, base64-encoded); the answer has one probability column per label::
+
+    {"dataframe_split": {"columns": ["image"], "data": [["/data/cxr/0001.png"]]}}
+
+The code is loaded from the installed ``cxrlt-lab`` package (``--env-manager local`` in the project's
+environment), not copied into the model: a copy would shadow the package and drift from it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import torch
+from mlflow import MlflowClient
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, Schema
+from omegaconf import OmegaConf
+
+from evaluation.thresholds import select_thresholds
+from evaluation.tta import TTAPredictor
+from training.data.images import read_grayscale
+from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
+from training.models.module import MultiLabelClassifier
+
+#: File signatures -> suffix for bytes written to a temporary file, so the training decoder (which may pick a
+#: reader by suffix, e.g. DICOM) sees the same kind of file it would on disk.
+MAGIC_SUFFIXES: dict[bytes, str] = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg", b"II*\x00": ".tif", b"MM\x00*": ".tif"}
+DICOM_MAGIC = (128, b"DICM")
+
+
+class RequestError(ValueError):
+    """A scoring request that cannot be read; the message names the row and the column."""
+
+
+@dataclass
+class Scorer:
+    """A trained network plus the preprocessing it was trained with.
+
+    Attributes:
+        model: the ``MultiLabelClassifier`` with the run's best weights, in eval mode.
+        image_size: square side images are decoded to (the run's ``data.image_size``).
+        labels: output label names, in column order.
+        thresholds: per-class thresholds chosen on validation (F1-maximising), or None.
+        run_id: the MLflow run the weights come from.
+    """
+
+    model: MultiLabelClassifier
+    image_size: int
+    labels: list[str]
+    thresholds: list[float] | None = None
+    run_id: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec: dict, state_dict: dict) -> Scorer:
+        """Rebuild from the JSON spec and weights stored with a registered model (no download: pretrained off)."""
+        model_cfg = {**spec["model_cfg"], "pretrained": False}  # the weights come from the run, never the network
+        model = MultiLabelClassifier(model_cfg, spec["loss_cfg"], spec["labels"])
+        model.load_state_dict(state_dict)
+        model.eval()
+        return cls(model, int(spec["image_size"]), list(spec["labels"]), spec.get("thresholds"), spec.get("run_id"))
+
+    def spec(self) -> dict:
+        """The JSON-able description :meth:`from_spec` rebuilds from (weights apart)."""
+        hparams = self.model.hparams
+        return {"run_id": self.run_id, "image_size": self.image_size, "labels": self.labels,
+                "thresholds": self.thresholds, "model_cfg": dict(hparams["model_cfg"]),
+                "loss_cfg": dict(hparams["loss_cfg"]), "normalisation": {"mean": GRAY_MEAN, "std": GRAY_STD}}  # fmt: skip
+
+    def tensors(self, images: np.ndarray) -> torch.Tensor:
+        """``(N, H, W)`` uint8 -> ``(N, 1, H, W)`` float through the evaluation transform used in training."""
+        transform = build_transform(None)
+        return torch.stack([transform(image=image)["image"] for image in images])
+
+    def predict_images(self, images: np.ndarray, tta: TTAPredictor | None = None) -> np.ndarray:
+        """``(N, C)`` probabilities for decoded ``(N, H, W)`` uint8 images (plain, or merged over TTA views)."""
+        predictor = tta or TTAPredictor(["identity"])
+        return predictor.predict(self.model, self.tensors(images))
+
+    def predict_files(self, paths: Sequence[str | Path], tta: TTAPredictor | None = None) -> np.ndarray:
+        """``(N, C)`` probabilities for image files, decoded exactly as in training."""
+        return self.predict_images(np.stack([read_grayscale(p, self.image_size) for p in paths]), tta)
+
+
+def scorer_from_run(client: MlflowClient, run_id: str) -> Scorer:
+    """A finished run's scorer: its ``config.yaml``, ``checkpoints/best.ckpt`` and validation thresholds."""
+    run = client.get_run(run_id)
+    if run.info.status != "FINISHED":
+        raise ValueError(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = OmegaConf.load(client.download_artifacts(run_id, "config.yaml", tmp))
+        state = torch.load(client.download_artifacts(run_id, "checkpoints/best.ckpt", tmp), map_location="cpu",
+                           weights_only=True)  # fmt: skip
+        thresholds = _validation_thresholds(client, run_id, list(cfg.task.labels), Path(tmp))
+    spec = {"run_id": run_id, "image_size": int(cfg.data.image_size), "labels": list(cfg.task.labels),
+            "thresholds": thresholds, "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
+            "loss_cfg": OmegaConf.to_container(cfg.loss, resolve=True)}  # fmt: skip
+    return Scorer.from_spec(spec, state["state_dict"])
+
+
+def _validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], tmp: Path) -> list[float] | None:
+    """Per-class F1-maximising thresholds from the run's ``predictions/val.csv``, or None when it has none."""
+    try:
+        frame = pd.read_csv(client.download_artifacts(run_id, "predictions/val.csv", str(tmp)))
+    except Exception:  # noqa: BLE001 - an older or partial run simply has no thresholds to carry
+        return None
+    if not all(name in frame and f"true/{name}" in frame for name in labels):
+        return None
+    targets = frame[[f"true/{name}" for name in labels]].to_numpy(dtype=float)  # (N, C), -1 = not labelled
+    return [float(t) for t in select_thresholds(targets, frame[labels].to_numpy(dtype=float))]
+
+
+# ------------------------------------------------------------------------------------------- request decoding
+
+
+def _suffix(data: bytes) -> str:
+    if data[DICOM_MAGIC[0] : DICOM_MAGIC[0] + 4] == DICOM_MAGIC[1]:
+        return ".dcm"
+    return next((suffix for magic, suffix in MAGIC_SUFFIXES.items() if data.startswith(magic)), ".img")
+
+
+def decode_bytes(data: bytes, size: int) -> np.ndarray:
+    """Image bytes -> ``(size, size)`` uint8 through the training decoder (via a temporary file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"image{_suffix(data)}"
+        path.write_bytes(data)
+        return read_grayscale(path, size)
+
+
+def _from_path(value, size: int) -> np.ndarray:
+    return read_grayscale(str(value), size)
+
+
+def _from_b64(value, size: int) -> np.ndarray:
+    data = value if isinstance(value, bytes | bytearray) else base64.b64decode(str(value))
+    return decode_bytes(bytes(data), size)
+
+
+#: Request column -> how its cell becomes an image. The first non-empty column of a row is used.
+REQUEST_COLUMNS: dict[str, Callable[[object, int], np.ndarray]] = {"image": _from_path, "image_b64": _from_b64}
+
+
+def decode_request(frame: pd.DataFrame, size: int) -> np.ndarray:
+    """``(N, size, size)`` uint8 images from a request frame (see module docstring for the columns).
+
+    Raises:
+        RequestError: a row without an image, an unreadable file, or bytes that are not base64 / an image;
+            the message names the row and column.
+    """
+    columns = [c for c in REQUEST_COLUMNS if c in frame]
+    if not columns:
+        raise RequestError(f"request needs a column {list(REQUEST_COLUMNS)}; got {list(frame.columns)}")
+    images = []
+    for row, record in enumerate(frame[columns].to_dict("records")):
+        column = next((c for c in columns if isinstance(record[c], str | bytes | bytearray) and len(record[c])), None)
+        if column is None:
+            raise RequestError(f"row {row}: no image; give {' or '.join(repr(c) for c in REQUEST_COLUMNS)}")
+        try:
+            images.append(REQUEST_COLUMNS[column](record[column], size))
+        except (OSError, ValueError, binascii.Error) as error:
+            raise RequestError(f"row {row}, column {column!r}: {error}") from error
+    return np.stack(images)
+
+
+class CXRClassifierModel(mlflow.pyfunc.PythonModel):
+    """The registered pyfunc: a request frame of images in, one probability column per label out."""
+
+    def load_context(self, context) -> None:
+        spec = json.loads(Path(context.artifacts["spec"]).read_text())
+        state = torch.load(context.artifacts["weights"], map_location="cpu", weights_only=True)
+        self.scorer = Scorer.from_spec(spec, state)
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        """Probabilities ``(N, C)`` as a frame whose columns are the label names."""
+        images = decode_request(pd.DataFrame(model_input), self.scorer.image_size)
+        return pd.DataFrame(self.scorer.predict_images(images), columns=self.scorer.labels)
+
+
+def signature(labels: Sequence[str]) -> ModelSignature:
+    """Either request column may be given (both optional); one double per label comes back."""
+    inputs = Schema([ColSpec("string", "image", required=False), ColSpec("string", "image_b64", required=False)])
+    return ModelSignature(inputs=inputs, outputs=Schema([ColSpec("double", name) for name in labels]))
+
+
+def example_request(size: int) -> pd.DataFrame:
+    """A one-row request (a uniform grey PNG as base64): MLflow scores it when logging, proving the model loads."""
+    import cv2
+
+    ok, png = cv2.imencode(".png", np.full((size, size), 128, np.uint8))
+    return pd.DataFrame({"image_b64": [base64.b64encode(png.tobytes()).decode("ascii")]})
+
+
+def save_artifacts(scorer: Scorer, folder: Path) -> dict[str, str]:
+    """Write the weights (``state_dict`` only, no optimiser state) and the JSON spec; returns pyfunc artifacts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(scorer.model.state_dict(), folder / "weights.pt")
+    (folder / "spec.json").write_text(json.dumps(scorer.spec(), indent=1, default=str))
+    return {"weights": str(folder / "weights.pt"), "spec": str(folder / "spec.json")}
