@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score benchmark ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune register submit benchmark ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -48,6 +48,20 @@ evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<ru
 
 score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=manifest.csv [SPLIT=test]
 	$(PY) -m evaluation.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK)
+
+TRIALS ?= 20
+SEARCH ?= default
+PRUNER ?= median
+tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=task1 TRIALS=20 [SEARCH=default] [PRUNER=median|hyperband|aggressive|none] [STORAGE=<rdb url>] [STUDY=<name>] [ARGS=...]
+	$(PY) -m training.tune task=$(TASK) tune.trials=$(TRIALS) hparams_search=$(SEARCH) pruner=$(PRUNER) \
+		$(if $(STORAGE),'tune.storage="$(STORAGE)"') $(if $(STUDY),'tune.study="$(STUDY)"') $(ARGS)
+
+register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=val/mAP] [RUN=<id>]
+	$(PY) -m evaluation.registry --task $(TASK) --metric '$(or $(METRIC),val/mAP)' $(if $(RUN),--run $(RUN))
+
+submit: setup ## Validated submission CSV: make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv]
+	$(PY) -m evaluation.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
+		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)')
 
 NAME ?= pneumonia
 VERSION ?= full
