@@ -1,0 +1,152 @@
+"""``make submit``: predict the test images with the champion (or an ensemble) and write a validated submission.
+
+Images. By default the test split of the data manifest the (first) model's source run was trained on; or any
+manifest (``--manifest``, images relative to ``--root`` or the manifest's folder), so the organisers' unlabelled
+test set is scored the same way. With ``--template`` the rows are the template's ids, looked up in the manifest.
+
+Models. Each ``--model`` is a registry URI (``models:/cxrlt-task1@champion``, ``models:/cxrlt-task1/3``), a
+``runs:/<id>`` URI or a bare run id; several are averaged (probabilities, after each one's own TTA), which is the
+checkpoint ensemble of the challenge's winners. Every member must predict the same labels.
+
+The file is validated (:mod:`evaluation.submission`) before it is written, then logged to each member's source
+run under ``submissions/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from evaluation.registry import ALIAS, DEFAULT_URI, model_name
+from evaluation.serving import Scorer, scorer_from_run
+from evaluation.submission import SubmissionError, Template, build_submission, validate, validate_file
+from evaluation.tta import TTAPredictor
+from training.data.images import read_grayscale
+
+log = logging.getLogger(__name__)
+
+TTA_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "tta"
+
+
+def _registered(uri: str, client: MlflowClient) -> Scorer:
+    return mlflow.pyfunc.load_model(uri).unwrap_python_model().scorer
+
+
+def _run(uri: str, client: MlflowClient) -> Scorer:
+    return scorer_from_run(client, uri.removeprefix("runs:/").strip("/").split("/")[0])
+
+
+#: URI prefix -> how a member is loaded; anything else is taken as a run id.
+LOADERS = {"models:/": _registered, "runs:/": _run}
+
+
+def load_member(uri: str, client: MlflowClient) -> Scorer:
+    """A scorer from a registry URI, a ``runs:/`` URI or a bare run id."""
+    loader = next((load for prefix, load in LOADERS.items() if uri.startswith(prefix)), _run)
+    return loader(uri, client)
+
+
+def run_manifest(client: MlflowClient, run_id: str) -> tuple[Path, Path]:
+    """``(manifest CSV, image root)`` of the data a run was trained on, rebuilt from its ``config.yaml``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = OmegaConf.load(client.download_artifacts(run_id, "config.yaml", tmp))
+    source = instantiate(cfg.data.source)
+    return Path(source.prepare()), Path(source.root)
+
+
+def rows_to_predict(manifest: Path, split: str | None, ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """``image_id`` and ``path`` of the rows to predict: the template's ids in order, else the split's rows.
+
+    Raises:
+        SubmissionError: ids absent from the manifest (named), or an empty split.
+    """
+    table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    if ids is not None:
+        by_id = table.drop_duplicates("image_id").set_index("image_id")
+        absent = [i for i in ids if i not in by_id.index]
+        if absent:
+            raise SubmissionError(f"{len(absent)} template id(s) are not in {manifest}, e.g. {absent[:10]}")
+        return by_id.loc[list(ids), ["path"]].reset_index()
+    rows = table[table["split"] == split] if split else table
+    if rows.empty:
+        raise SubmissionError(f"{manifest}: no rows in split {split!r}")
+    return rows[["image_id", "path"]].reset_index(drop=True)
+
+
+def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAPredictor | None) -> np.ndarray:
+    """Mean ``(N, C)`` probability over members; images are decoded once per image size."""
+    labels = members[0].labels
+    for member in members[1:]:
+        if member.labels != labels:
+            raise ValueError(f"ensemble members disagree on labels: run {member.run_id} predicts {member.labels}")
+    decoded: dict[int, np.ndarray] = {}
+    total = np.zeros((len(paths), len(labels)))
+    for member in members:
+        if member.image_size not in decoded:
+            decoded[member.image_size] = np.stack([read_grayscale(p, member.image_size) for p in paths])
+        total += member.predict_images(decoded[member.image_size], tta)
+    return total / len(members)
+
+
+def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path: Path | None = None,
+           manifest: Path | None = None, root: Path | None = None, split: str = "test",
+           tta: str | None = None) -> pd.DataFrame:  # fmt: skip
+    """Predict, build, validate, write and log a submission; returns the written frame."""
+    members = [load_member(uri, client) for uri in models]
+    labels = members[0].labels
+    if manifest is None:
+        manifest, root = run_manifest(client, members[0].run_id)
+    root = root or manifest.parent
+    template = Template.read(template_path) if template_path else None
+    rows = rows_to_predict(manifest, None if template else split, template.ids if template else None)
+    template = template or Template.default(labels, rows["image_id"].tolist())
+    predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
+    log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor)
+    frame = build_submission(template, rows["image_id"].tolist(), probs, labels)
+    validate(frame, template)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out, index=False, float_format="%.6f")
+    validate_file(out, template)  # the bytes on disk, re-read, are what gets sent
+    for run_id in dict.fromkeys(m.run_id for m in members if m.run_id):
+        client.log_artifact(run_id, str(out), "submissions")
+        client.set_tag(run_id, "cxrlt.last_submission", out.name)
+    return frame
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="task1")
+    parser.add_argument("--model", action="append", help=f"repeatable; default models:/cxrlt-<task>@{ALIAS}")
+    parser.add_argument("--template", type=Path, default=None, help="the organisers' template CSV")
+    parser.add_argument("--manifest", type=Path, default=None, help="manifest to predict (default: the run's)")
+    parser.add_argument("--root", type=Path, default=None, help="image root of --manifest (default: its folder)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--tta", default=None, help="a configs/tta/<name>.yaml, e.g. default or multicrop")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    mlflow.set_tracking_uri(uri)
+    models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
+    out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    frame = submit(MlflowClient(uri), models, out, args.template, args.manifest, args.root, args.split, args.tta)
+    log.info("wrote %s: %d rows x %d classes, validated; logged to the source run(s)", out, len(frame),
+             frame.shape[1] - 1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
