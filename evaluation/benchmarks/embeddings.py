@@ -72,7 +72,7 @@ def encode_subset(
         cache_dir: cache folder, or ``None`` to always encode and store nothing.
         batch_size: images per forward pass.
     """
-    ids = table["image_id"].astype(str).to_numpy()
+    ids = np.asarray(table["image_id"].astype(str).tolist(), dtype=str)  # fixed-width unicode: no pickling
     path = Path(cache_dir) / f"{cache_key(encoder, subset_fingerprint)}.npz" if cache_dir is not None else None
     if path is not None and path.is_file():
         with np.load(path, allow_pickle=False) as stored:

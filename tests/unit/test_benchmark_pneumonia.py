@@ -1,0 +1,334 @@
+"""The pediatric-pneumonia benchmark protocol: draws, leakage rule, metrics, bootstrap, probe, cache, adapters."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import accuracy_score, average_precision_score, recall_score, roc_auc_score
+
+from evaluation.benchmarks.clip_models import ClipEncoder, parse_clip_spec
+from evaluation.benchmarks.embeddings import cache_key, encode_subset
+from evaluation.benchmarks.encoders import Encoded, Encoder, Target
+from evaluation.benchmarks.metrics import binary_metrics, bootstrap_table, stratified_resamples
+from evaluation.benchmarks.models import MODEL_KINDS, load_encoder, model_kind
+from evaluation.benchmarks.pneumonia import SEED, build_subsets, exclude_shared_patients
+from evaluation.benchmarks.probe import fit_probe, probe_probabilities
+from evaluation.benchmarks.runner import format_table, run_benchmark
+from evaluation.benchmarks.sampling import (
+    fingerprint,
+    hash_order,
+    hash_rank,
+    largest_remainder_quotas,
+    stratified_draw,
+)
+from tests.benchmark_data import write_kermany, write_tiny_clip
+from training.data.adapters.kermany import patient_key
+
+TARGET = Target("Pneumonia", "a chest x-ray showing pneumonia", "a normal chest x-ray")
+
+
+# --- largest-remainder quotas ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("counts", "total", "expected"),
+    [
+        ({0: 234, 1: 390}, 100, {0: 37, 1: 63}),  # 37.5 / 62.5: the tied half goes to the larger stratum
+        ({0: 1107, 1: 3485}, 500, {0: 121, 1: 379}),  # 120.54 / 379.46 (kermany-dev's train pool)
+        ({0: 1341, 1: 3875}, 500, {0: 129, 1: 371}),  # 128.60 / 371.40 (the official train split)
+        ({"a": 5, "b": 3, "c": 2}, 7, {"a": 4, "b": 2, "c": 1}),  # 3.5 / 2.1 / 1.4
+        ({"a": 1, "b": 1, "c": 1}, 2, {"a": 1, "b": 1, "c": 0}),  # all tied: key order decides
+        ({"x": 10, "y": 0}, 4, {"x": 4, "y": 0}),
+        ({0: 234, 1: 390}, 624, {0: 234, 1: 390}),  # everything
+        ({0: 234, 1: 390}, 0, {0: 0, 1: 0}),
+    ],
+)
+def test_largest_remainder_hand_cases(counts, total, expected):
+    assert largest_remainder_quotas(counts, total) == expected
+
+
+def test_quotas_sum_exactly_stay_within_one_of_the_exact_share_and_ignore_input_order():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        counts = {f"s{i}": int(c) for i, c in enumerate(rng.integers(0, 50, size=rng.integers(1, 6)))}
+        total = int(rng.integers(0, sum(counts.values()) + 1))
+        quotas = largest_remainder_quotas(counts, total)
+        assert sum(quotas.values()) == total
+        available = sum(counts.values())
+        for key, count in counts.items():
+            share = total * count / available if available else 0
+            assert np.floor(share) <= quotas[key] <= np.ceil(share) and quotas[key] <= count
+        assert largest_remainder_quotas(dict(reversed(list(counts.items()))), total) == quotas
+
+
+def test_quotas_refuse_impossible_draws():
+    with pytest.raises(ValueError, match="cannot draw 11"):
+        largest_remainder_quotas({0: 5, 1: 5}, 11)
+    with pytest.raises(ValueError, match="non-negative"):
+        largest_remainder_quotas({0: -1, 1: 5}, 1)
+
+
+# --- seeded hash ranking and draws -------------------------------------------------------------------------------
+
+
+def test_hash_rank_is_the_documented_sha256_and_stable_across_versions():
+    item = "test/PNEUMONIA/person1_virus_6"
+    assert hash_rank(item, SEED) == hashlib.sha256(f"{SEED}:{item}".encode()).hexdigest()
+    # A literal value: any change to the hashing (encoding, separator, seed formatting) redraws every subset.
+    assert hash_rank(item, 20261006) == "0443e1695544eee55be0beb2d518d84d3c2412f44e0cc374e257998e8ae70ea4"
+
+
+def test_hash_order_is_stable_order_free_and_seed_dependent():
+    ids = [f"train/NORMAL/IM-{i:04d}-0001" for i in range(60)]
+    order = hash_order(ids, SEED)
+    assert sorted(order) == sorted(ids)
+    assert hash_order(list(reversed(ids)), SEED) == order  # input order does not matter
+    assert hash_order(ids, SEED) == order  # same seed, same ranking
+    assert hash_order(ids, SEED + 1) != order  # another seed, another ranking
+    # Removing items keeps the relative order of the others: a draw never reshuffles because a file was added.
+    kept = set(ids[::2])
+    assert hash_order(sorted(kept), SEED) == [item for item in order if item in kept]
+
+
+def test_stratified_draw_takes_the_quota_of_lowest_ranks_per_label():
+    table = pd.DataFrame({"image_id": [f"img{i:03d}" for i in range(50)], "label": [0] * 20 + [1] * 30})
+    drawn = stratified_draw(table, 10, "label", "image_id", seed=7)
+    assert drawn["label"].value_counts().to_dict() == {1: 6, 0: 4}
+    for label, quota in ((0, 4), (1, 6)):
+        pool = table.loc[table["label"] == label, "image_id"].tolist()
+        assert set(drawn.loc[drawn["label"] == label, "image_id"]) == set(hash_order(pool, 7)[:quota])
+    assert drawn["image_id"].is_monotonic_increasing
+    assert stratified_draw(table.sample(frac=1, random_state=1), 10, "label", "image_id", 7).equals(drawn)
+    assert set(stratified_draw(table, 10, "label", "image_id", 8)["image_id"]) != set(drawn["image_id"])
+    assert len(stratified_draw(table, None, "label", "image_id", 7)) == 50
+    with pytest.raises(ValueError, match="unique"):
+        stratified_draw(pd.concat([table, table.head(1)]), 5, "label", "image_id", 7)
+
+
+def test_fingerprint_is_order_free_and_sensitive_to_ids_and_labels():
+    assert fingerprint(["a", "b"], [1, 0]) == fingerprint(["b", "a"], [0.0, 1.0]) == "9a528f140d5c617a"
+    assert fingerprint(["a", "b"], [1, 1]) != fingerprint(["a", "b"], [1, 0])
+    assert fingerprint(["a", "c"], [1, 0]) != fingerprint(["a", "b"], [1, 0])
+
+
+# --- patient numbers and the leakage rule ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file_name", "patient"),
+    [
+        ("person123_bacteria_456.jpeg", "person123"),
+        ("person123_virus_456.jpeg", "person123"),
+        ("person1_virus_6_7.jpeg", "person1"),  # the release's one name with an extra number
+        ("IM-0115-0001.jpeg", "IM-0115"),
+        ("IM-0429-0001-0002.jpeg", "IM-0429"),
+        ("NORMAL2-IM-0383-0001.jpeg", "NORMAL2-IM-0383"),
+        ("NORMAL2-IM-0383-0001-0002.jpeg", "NORMAL2-IM-0383"),
+    ],
+)
+def test_patient_number_of_every_file_name_shape(file_name, patient):
+    assert patient_key(file_name) == patient
+
+
+def test_leakage_rule_removes_exactly_the_shared_patients():
+    train = pd.DataFrame({
+        "image_id": ["t1", "t2", "t3", "t4", "t5", "t6"],
+        "patient_id": ["person1", "person2", "IM-0001", "IM-0002", "person1", "NORMAL2-IM-0001"],
+    })  # fmt: skip
+    test = pd.DataFrame({"image_id": ["s1", "s2", "s3"], "patient_id": ["person1", "IM-0002", "person9"]})
+    kept, removed = exclude_shared_patients(train, test)
+    assert removed["image_id"].tolist() == ["t1", "t4", "t5"]
+    assert kept["image_id"].tolist() == ["t2", "t3", "t6"]  # NORMAL2-IM-0001 is not IM-0001
+    assert not set(kept["patient_id"]) & set(test["patient_id"])
+
+
+def test_subsets_of_a_release_folder(tmp_path):
+    shared = write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    full, n100 = build_subsets(str(tmp_path), "full"), build_subsets(str(tmp_path), "n100")
+    assert full.excluded_images == n100.excluded_images == 4
+    assert set(full.excluded_patients) == set(shared["shared_patients"])
+    assert full.pools == {"train": 520, "test": 120}
+    train_paths = set(full.train["path"])
+    assert not train_paths & set(shared["shared_files"])
+    assert full.train["label"].value_counts().to_dict() == {0: 135, 1: 365}  # quotas of 140 / 380 for 500
+    assert n100.test["label"].value_counts().to_dict() == {0: 37, 1: 63}  # 37.5 / 62.5, tie to the larger
+    assert len(full.test) == 120 and set(n100.test["image_id"]) <= set(full.test["image_id"])
+    assert full.fingerprints["train"] == n100.fingerprints["train"]  # one training draw for both versions
+    assert full.fingerprints["test"] != n100.fingerprints["test"]
+    assert build_subsets(str(tmp_path), "n100").fingerprints == n100.fingerprints
+    with pytest.raises(ValueError, match="unknown version"):
+        build_subsets(str(tmp_path), "n50")
+
+
+# --- metrics and the stratified bootstrap ------------------------------------------------------------------------
+
+
+def test_metrics_match_scikit_learn_including_ties():
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        labels = (rng.random(80) < 0.6).astype(int)
+        scores = rng.integers(0, 12, 80) / 11.0 if trial % 2 else rng.random(80)  # many ties on odd trials
+        decisions = scores > 0.5
+        got = binary_metrics(labels, scores, decisions)
+        assert got["auroc"] == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+        assert got["ap"] == pytest.approx(average_precision_score(labels, scores), abs=1e-12)
+        assert got["accuracy"] == pytest.approx(accuracy_score(labels, decisions))
+        assert got["sensitivity"] == pytest.approx(recall_score(labels, decisions))
+        assert got["specificity"] == pytest.approx(recall_score(labels, decisions, pos_label=0))
+
+
+def test_always_pneumonia_predictor_on_the_official_test_mix():
+    labels = np.array([0] * 234 + [1] * 390)
+    got = binary_metrics(labels, np.ones(624), np.ones(624, dtype=bool))
+    assert got["accuracy"] == pytest.approx(0.625)
+    assert got["specificity"] == 0.0 and got["sensitivity"] == 1.0
+    assert got["auroc"] == pytest.approx(0.5) and got["ap"] == pytest.approx(0.625)
+    table = bootstrap_table(labels, {"zero_shot": (np.ones(624), np.ones(624, dtype=bool))}, n_boot=200, seed=1)
+    accuracy = table.set_index("metric").loc["accuracy"]
+    # Label-stratified resamples keep 234 / 390, so a constant predictor's accuracy has no spread at all.
+    assert accuracy["value"] == accuracy["ci_low"] == accuracy["ci_high"] == pytest.approx(0.625)
+
+
+def test_stratified_resamples_keep_each_class_count():
+    labels = np.array([0] * 23 + [1] * 41 + [0] * 11)
+    resamples = stratified_resamples(labels, 300, seed=5)
+    assert resamples.shape == (300, labels.size)
+    counts = np.stack([np.bincount(labels[row], minlength=2) for row in resamples])
+    assert (counts == [34, 41]).all()
+    assert len({row.tobytes() for row in resamples}) == 300  # real resamples, not copies
+    assert np.array_equal(stratified_resamples(labels, 300, seed=5), resamples)
+    assert not np.array_equal(stratified_resamples(labels, 300, seed=6), resamples)
+
+
+def test_bootstrap_table_intervals_bracket_the_point_and_missing_protocols_stay_nan():
+    rng = np.random.default_rng(1)
+    labels = np.array([0] * 60 + [1] * 100)
+    scores = labels * 0.6 + rng.random(160)
+    table = bootstrap_table(labels, {"zero_shot": None, "probe": (scores, scores > 0.8)}, n_boot=300, seed=0)
+    assert len(table) == 10
+    probe = table[table["protocol"] == "probe"]
+    assert (probe["ci_low"] <= probe["value"]).all() and (probe["value"] <= probe["ci_high"]).all()
+    assert (probe["ci_high"] > probe["ci_low"]).all()
+    assert table[table["protocol"] == "zero_shot"][["value", "ci_low", "ci_high"]].isna().all().all()
+    text = format_table(table)
+    assert text.count("n/a") == 5 and "ROC-AUC" in text and "Average precision" in text
+
+
+# --- probe -------------------------------------------------------------------------------------------------------
+
+
+def test_probe_learns_a_separable_direction_and_reports_convergence():
+    rng = np.random.default_rng(2)
+    labels = np.array([0] * 100 + [1] * 300)
+    features = rng.normal(size=(400, 8)) * [1, 1, 1, 1, 1, 1, 1, 100]
+    features[:, 0] += 3 * labels  # signal on a small-scale feature next to a huge-scale noise feature
+    probe, converged = fit_probe(features, labels)
+    probs = probe_probabilities(probe, features)
+    assert converged and roc_auc_score(labels, probs) > 0.95
+    assert probs.shape == (400,) and ((probs > 0) & (probs < 1)).all()
+    with pytest.raises(ValueError, match="both labels"):
+        fit_probe(features[:50], labels[:50])
+
+
+# --- model kinds, open_clip, cache -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        ("1999f7b07e4f410e91e7c94c68713904", "run"),
+        ("run:1999f7b07e4f410e91e7c94c68713904", "run"),
+        ("models:/cxrlt-pneumonia@champion", "models"),
+        ("models:/cxrlt-pneumonia/3", "models"),
+        ("clip:ViT-B-32:laion2b_s34b_b79k", "clip"),
+        ("clip:hf-hub:microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224", "clip"),
+    ],
+)
+def test_model_spec_prefix_selects_the_kind(spec, kind):
+    assert model_kind(spec) == kind and kind in MODEL_KINDS
+
+
+def test_unknown_model_kind_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model kind 'hub'"):
+        load_encoder("hub:foo", TARGET, "sqlite:///unused.db")
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("clip:ViT-B-32", ("ViT-B-32", None)),
+        ("clip:ViT-B-32:laion2b_s34b_b79k", ("ViT-B-32", "laion2b_s34b_b79k")),
+        ("clip:hf-hub:org/repo", ("hf-hub:org/repo", None)),
+        ("clip:local-dir:/models/tiny", ("local-dir:/models/tiny", None)),
+    ],
+)
+def test_clip_spec_parsing(spec, parsed):
+    assert parse_clip_spec(spec) == parsed
+
+
+def test_tiny_random_clip_scores_the_prompt_margin(tmp_path):
+    spec = write_tiny_clip(tmp_path / "tiny")
+    encoder = load_encoder(spec, TARGET, "sqlite:///unused.db", seed=SEED)
+    assert isinstance(encoder, ClipEncoder) and encoder.image_size == 32 and encoder.has_zero_shot
+    images = np.random.default_rng(0).integers(0, 256, (5, 32, 32), dtype=np.uint8)
+    out = encoder.encode(images)
+    assert out.embeddings.shape == (5, 16)
+    assert np.allclose(np.linalg.norm(out.embeddings, axis=1), 1.0, atol=1e-5)
+    import torch
+
+    with torch.inference_mode():
+        text = encoder.model.encode_text(encoder.tokenizer([TARGET.positive_prompt, TARGET.negative_prompt]), True)
+    expected = out.embeddings @ text[0].numpy() - out.embeddings @ text[1].numpy()
+    assert np.allclose(out.zero_shot, expected, atol=1e-5)
+    again = load_encoder(spec, TARGET, "sqlite:///unused.db", seed=SEED)  # seeded random init: same model
+    assert np.allclose(again.encode(images).zero_shot, out.zero_shot) and again.identity == encoder.identity
+    other = load_encoder(spec, TARGET, "sqlite:///unused.db", seed=SEED + 1)
+    assert not np.allclose(other.encode(images).zero_shot, out.zero_shot) and other.identity != encoder.identity
+
+
+class CountingEncoder(Encoder):
+    """Mean intensity as a 1-d embedding; counts how many images it encoded."""
+
+    image_size = 16
+    zero_shot_kind = "probability"
+
+    def __init__(self, name: str = "counting"):
+        self.spec, self.name, self.calls = name, name, 0
+
+    @property
+    def identity(self) -> str:
+        return self.name
+
+    def encode(self, images: np.ndarray) -> Encoded:
+        self.calls += len(images)
+        mean = images.reshape(len(images), -1).mean(axis=1) / 255.0
+        return Encoded(np.stack([mean, mean**2], axis=1).astype(np.float32), mean)
+
+
+def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
+    write_kermany(tmp_path / "data", train=(140, 380), test=(45, 75))
+    subsets = build_subsets(str(tmp_path / "data"), "n100")
+    encoder, cache = CountingEncoder(), tmp_path / "cache"
+    fp = subsets.fingerprints["test"]
+    first, hit = encode_subset(encoder, tmp_path / "data", subsets.test, fp, cache, batch_size=32)
+    assert not hit and encoder.calls == 100 and first.embeddings.shape == (100, 2)
+    second, hit = encode_subset(encoder, tmp_path / "data", subsets.test, fp, cache, batch_size=32)
+    assert hit and encoder.calls == 100  # nothing re-encoded
+    assert np.array_equal(first.embeddings, second.embeddings) and np.array_equal(first.zero_shot, second.zero_shot)
+    assert cache_key(encoder, fp) != cache_key(CountingEncoder("other weights"), fp)
+    assert cache_key(encoder, fp) != cache_key(encoder, subsets.fingerprints["train"])
+    result = run_benchmark(encoder, subsets, tmp_path / "data", n_boot=50, seed=SEED, cache_dir=cache)
+    assert result.cache_hits == {"train": False, "test": True} and encoder.calls == 600
+    # Brighter images are pneumonia in the generated set: both protocols rank far above chance.
+    metrics = result.metrics()
+    assert metrics["zero_shot/auroc"] > 0.9 and metrics["probe/auroc"] > 0.9
+    assert len(result.scores) == 100 and set(result.scores["label"]) == {0, 1}
+    assert ((result.scores["zero_shot_score"] > 0.5) == result.scores["zero_shot_pneumonia"].astype(bool)).all()
+    assert list(itertools.chain(result.scores.columns)) == [
+        "image_id", "path", "patient_id", "label", "zero_shot_score", "zero_shot_pneumonia", "probe_probability",
+        "probe_pneumonia",
+    ]  # fmt: skip
