@@ -1,0 +1,48 @@
+"""Ranking runs for the registry: chosen metric, then the challenge's tie-breaks, missing values last."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluation.registry import Candidate, larger_is_better, rank
+
+
+def _run(run_id: str, start: int = 0, **metrics: float) -> Candidate:
+    return Candidate(run_id, start, {key.replace("__", "/"): value for key, value in metrics.items()})
+
+
+def test_best_metric_first():
+    runs = [_run("a", val__mAP=0.2), _run("b", val__mAP=0.4), _run("c", val__mAP=0.3)]
+    assert [r.run_id for r in rank(runs, "val/mAP")] == ["b", "c", "a"]
+
+
+def test_kept_checkpoint_value_wins_over_the_last_epoch():
+    runs = [_run("a", val__mAP=0.5, val__mAP_best=0.5), _run("b", val__mAP=0.3, val__mAP_best=0.6)]
+    assert rank(runs, "val/mAP")[0].run_id == "b"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "winner"),
+    [
+        ({"test__mAP": 0.30}, {"test__mAP": 0.31}, "b"),
+        ({"test__mAP": 0.3, "test__mAUROC": 0.8}, {"test__mAP": 0.3, "test__mAUROC": 0.7}, "a"),
+        ({"test__mAP": 0.3, "test__mAUROC": 0.8, "test__mF1": 0.2}, {"test__mAP": 0.3, "test__mAUROC": 0.8, "test__mF1": 0.25}, "b"),
+        ({"test__mAP": 0.3, "test__mAUROC": 0.8, "test__mF1": 0.2, "test__mECE": 0.05},
+         {"test__mAP": 0.3, "test__mAUROC": 0.8, "test__mF1": 0.2, "test__mECE": 0.04}, "b"),  # lower ECE wins
+    ],
+)  # fmt: skip
+def test_tie_breaks_follow_the_challenge(a, b, winner):
+    runs = [_run("a", 1, val__mAP=0.5, **a), _run("b", 2, val__mAP=0.5, **b)]
+    assert rank(runs, "val/mAP")[0].run_id == winner
+
+
+def test_full_tie_goes_to_the_earlier_run_and_missing_values_rank_last():
+    runs = [_run("late", 5, val__mAP=0.5), _run("early", 1, val__mAP=0.5), _run("none", 0, test__mAP=0.9)]
+    assert [r.run_id for r in rank(runs, "val/mAP")] == ["early", "late", "none"]
+
+
+def test_lower_is_better_metrics():
+    assert not larger_is_better("test/mECE") and not larger_is_better("val/loss_best")
+    assert larger_is_better("val/proxy_ood_mAP")
+    runs = [_run("a", test__mECE=0.1), _run("b", test__mECE=0.05)]
+    assert rank(runs, "test/mECE")[0].run_id == "b"
