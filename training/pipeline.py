@@ -38,6 +38,7 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
         seed=cfg.seed,
         resize=cfg.data.get("resize", "stretch"),
         cache=cfg.data.get("cache", True),
+        cache_root=cfg.data.get("cache_root") or "data/cache/prepared",
     )
 
 

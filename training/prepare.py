@@ -9,7 +9,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from training.data.cache import PreprocessedCache
+from training.data.cache import CACHE_ROOT, PreprocessedCache
 from training.data.manifest import file_fingerprint
 
 
@@ -18,7 +18,8 @@ def main(cfg: DictConfig) -> None:
     source = instantiate(cfg.data.source)
     manifest = source.prepare()
     table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
-    cache = PreprocessedCache(file_fingerprint(manifest), cfg.data.image_size, cfg.data.get("resize", "stretch"))
+    cache = PreprocessedCache(file_fingerprint(manifest), cfg.data.image_size, cfg.data.get("resize", "stretch"),
+                              root=cfg.data.get("cache_root") or CACHE_ROOT)  # fmt: skip
     report = cache.build([source.root / p for p in table["path"]], list(table["image_id"]), workers=cfg.workers)
     print(f"{cache.dir}: {report.decoded} decoded, {report.skipped} already cached, {len(report.errors)} unreadable "
           f"({report.seconds:.1f} s)")  # fmt: skip

@@ -62,3 +62,22 @@ def test_loss_bias_initialisation_reaches_the_head():
     expected = model.loss.init_bias()
     assert expected is not None
     torch.testing.assert_close(model.head.bias.data, expected)
+
+
+def test_one_label_metrics_match_sklearn_and_keep_the_per_class_shape():
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    from training.models.module import per_class_metrics
+
+    rng = np.random.default_rng(0)
+    target = (rng.random((50, 1)) < 0.6).astype(np.int64)
+    probs = np.clip(target * 0.3 + rng.random((50, 1)) * 0.7, 0, 1)
+    target[:3] = -1  # ignored
+    metrics = per_class_metrics(1)
+    for metric in metrics.values():
+        metric.update(torch.as_tensor(probs, dtype=torch.float32), torch.as_tensor(target))
+    keep = target[:, 0] >= 0
+    ap, auroc = metrics["ap"].compute(), metrics["auroc"].compute()
+    assert ap.shape == (1,) and auroc.shape == (1,)
+    assert ap.item() == pytest.approx(average_precision_score(target[keep, 0], probs[keep, 0]), abs=1e-5)
+    assert auroc.item() == pytest.approx(roc_auc_score(target[keep, 0], probs[keep, 0]), abs=1e-5)

@@ -9,12 +9,51 @@ import numpy as np
 import torch
 from torch import nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
-from torchmetrics.classification import MultilabelAUROC, MultilabelAveragePrecision
+from torchmetrics.classification import (
+    BinaryAUROC,
+    BinaryAveragePrecision,
+    MultilabelAUROC,
+    MultilabelAveragePrecision,
+)
+from torchmetrics.wrappers.abstract import WrapperMetric
 
 from evaluation.groups import class_groups, group_means
 from training.components import build_component
 from training.models.backbone import create_backbone
 from training.models.schedule import warmup_cosine
+
+
+class OneLabel(WrapperMetric):
+    """A binary metric with the multi-label shapes: ``(B, 1)`` in, ``(1,)`` out.
+
+    torchmetrics' multi-label metrics refuse a single label, and a binary task (pneumonia) is a one-label
+    multi-label task everywhere else in the platform.
+    """
+
+    def __init__(self, metric: Metric):
+        super().__init__()
+        self.metric = metric
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        self.metric.update(preds.reshape(-1), target.reshape(-1))
+
+    def compute(self) -> torch.Tensor:
+        return self.metric.compute().reshape(1)
+
+    def reset(self) -> None:
+        self.metric.reset()
+        super().reset()
+
+
+def per_class_metrics(num_labels: int) -> dict[str, Metric]:
+    """Per-class AP and AUROC (``average=None``) for any number of labels, ignoring -1 targets."""
+    if num_labels == 1:
+        return {
+            "ap": OneLabel(BinaryAveragePrecision(ignore_index=-1)),
+            "auroc": OneLabel(BinaryAUROC(ignore_index=-1)),
+        }
+    metric = partial(dict, num_labels=num_labels, average=None, ignore_index=-1)
+    return {"ap": MultilabelAveragePrecision(**metric()), "auroc": MultilabelAUROC(**metric())}
 
 
 class MultiLabelClassifier(L.LightningModule):
@@ -40,11 +79,9 @@ class MultiLabelClassifier(L.LightningModule):
         self.loss = build_component(loss_cfg)
         # Per-class values (average=None): torchmetrics' macro mean counts a class with no positive as AP 0,
         # the challenge leaves it out. LabelCounts tells which classes are defined; all three sync under DDP.
-        metric = partial(dict, num_labels=len(self.labels), average=None, ignore_index=-1)
         self.val_metrics = MetricCollection(
-            {"ap": MultilabelAveragePrecision(**metric()), "auroc": MultilabelAUROC(**metric()),
-             "counts": LabelCounts(len(self.labels))}
-        )  # fmt: skip
+            {**per_class_metrics(len(self.labels)), "counts": LabelCounts(len(self.labels))}
+        )
         # Training prevalence travels with the weights, so head-to-tail groups survive checkpoint loading.
         self.register_buffer("train_counts", torch.zeros(len(self.labels)))
         self.register_buffer("train_size", torch.zeros(()))
