@@ -100,6 +100,7 @@ data-check: setup ## Counts, groups, patients, overlaps, unreadable files: make 
 bench: setup ## Benchmarks, printing ratios measured side by side in one run
 	$(PY) tests/bench/bench_throughput.py
 	$(PY) tests/bench/bench_metrics.py
+	$(PY) tests/bench/bench_loader.py
 
 clean: ## Remove generated data, working checkpoints and caches (keeps the MLflow store and .venv)
 	rm -rf data/synthetic mlruns/checkpoints .pytest_cache .ruff_cache
