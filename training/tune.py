@@ -30,7 +30,8 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     client = MlflowClient(tracking_uri(cfg))
     parent = parent_run(cfg, study, created, client)
     metric, target = str(cfg.tune.metric), int(cfg.tune.trials)
-    objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name)
+    objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name,
+                          int(cfg.tune.worker))  # fmt: skip
     status = "FINISHED"
     try:
         if remaining(study, target):

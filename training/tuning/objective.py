@@ -44,6 +44,7 @@ BEST = {"maximize": max, "minimize": min}
 STATE_TAG = "optuna.state"
 TRIAL_TAG = "optuna.trial_number"
 STUDY_TAG = "optuna.study_name"
+WORKER_TAG = "optuna.worker"
 RUN_ATTR = "mlflow_run_id"
 
 
@@ -113,10 +114,11 @@ class Objective:
         direction: ``maximize`` or ``minimize``.
         parent_run_id: the study's MLflow run; every trial run is nested under it.
         study_name: recorded on every trial run.
+        worker: this worker's number (``tune.worker``), recorded on every trial run.
     """
 
     def __init__(self, compose: Callable[[list[str]], DictConfig], overrides: Sequence[str], space: SearchSpace,
-                 metric: str, direction: str, parent_run_id: str, study_name: str):  # fmt: skip
+                 metric: str, direction: str, parent_run_id: str, study_name: str, worker: int = 0):  # fmt: skip
         self.compose = compose
         self.overrides = list(overrides)
         self.space = space
@@ -124,6 +126,7 @@ class Objective:
         self.direction = direction
         self.parent_run_id = parent_run_id
         self.study_name = study_name
+        self.worker = worker
 
     def __call__(self, trial: optuna.Trial) -> float:
         values = self.space.sample(trial)
@@ -132,11 +135,12 @@ class Objective:
         recorder = TrialRecorder(trial, self.metric)
         pruning = PyTorchLightningPruningCallback(trial, monitor=self.metric)
         tags = {"mlflow.parentRunId": self.parent_run_id, STUDY_TAG: self.study_name, TRIAL_TAG: str(trial.number),
-                STATE_TAG: "RUNNING", "optuna.params": json.dumps(values, default=str)[:5000]}  # fmt: skip
+                STATE_TAG: "RUNNING", WORKER_TAG: str(self.worker), "optuna.params": json.dumps(values, default=str)[:5000]}  # fmt: skip
         log.info("trial %d: %s", trial.number, values)
         try:
-            run_training(cfg, callbacks=[pruning, recorder], extra_tags=tags, status_on_error=trial_status)
+            run_training(cfg, callbacks=[recorder, pruning], extra_tags=tags, status_on_error=trial_status)
         except optuna.TrialPruned:
+            # the recorder runs before the pruning callback, so it holds the epoch that was pruned
             self._close(cfg, recorder, "PRUNED", {"optuna.pruned_epoch": str(max(recorder.values, default=-1))})
             shutil.rmtree(Path(cfg.tracking.checkpoint_root) / str(recorder.run_id), ignore_errors=True)
             raise
