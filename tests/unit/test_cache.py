@@ -124,3 +124,16 @@ def test_data_check_passes_a_clean_set(make_manifest, decode):
     manifest = make_manifest(n=9)
     report = check_dataset(manifest, manifest.parent, decode=decode)
     assert report.errors == [] and "9 of 9 readable" in report.sections["files"]
+
+
+def test_preloading_lists_every_unreadable_image(make_manifest):
+    from training.data.images import ImageDecodeError
+
+    manifest = make_manifest(n=9)
+    table = pd.read_csv(manifest)
+    for row in (0, 3):  # both in train
+        (manifest.parent / table.loc[row, "path"]).write_bytes(b"broken")
+    dm = CXRDataModule(ManifestSource(str(manifest)), CXRLT_FINDINGS, 32, 4, cache=False)
+    with pytest.raises(ImageDecodeError, match=r"2 of 3 images cannot be read") as error:
+        dm.setup()
+    assert "'img0'" in str(error.value) and "'img3'" in str(error.value)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from training.data.images import read_grayscale
+from training.data.images import ImageDecodeError, read_grayscale
 
 
 class ManifestDataset(Dataset):
@@ -46,8 +46,19 @@ class ManifestDataset(Dataset):
         self.store, self.positions = store, None if positions is None else np.asarray(positions)
         if store is None and preload:
             with ThreadPoolExecutor(threads) as pool:
-                decoded = list(pool.map(self._decode, range(len(self.paths))))
+                decoded = list(pool.map(self._try_decode, range(len(self.paths))))
+            failed = [f"image {self.image_ids[i]!r}: {item}" for i, item in enumerate(decoded) if isinstance(item, str)]
+            if failed:  # every broken file at once, not the first of many runs
+                shown = failed[:10] + ([f"... and {len(failed) - 10} more"] if len(failed) > 10 else [])
+                raise ImageDecodeError(f"{len(failed)} of {len(self.paths)} images cannot be read (`make data-check` "
+                                       "lists them all):\n  " + "\n  ".join(shown))  # fmt: skip
             self.store = np.stack(decoded) if decoded else np.zeros((0, image_size, image_size), np.uint8)
+
+    def _try_decode(self, index: int) -> np.ndarray | str:
+        try:
+            return self._decode(index)
+        except (OSError, ValueError) as error:
+            return str(error)
 
     def _decode(self, index: int) -> np.ndarray:
         return read_grayscale(self.root / self.paths[index], self.image_size, self.resize)
