@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lightning.pytorch as L
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,6 +18,8 @@ from training.components import build_component
 from training.data.datamodule import CXRDataModule
 from training.models.module import MultiLabelClassifier
 from training.tracking.session import TrackingSession, open_session
+from training.zeroshot.leak_guard import guard_unseen
+from training.zeroshot.report import report_unseen
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,8 @@ log = logging.getLogger(__name__)
 def build_datamodule(cfg: DictConfig) -> CXRDataModule:
     """The data module a config describes (source, task labels, augmentation, sampler)."""
     return CXRDataModule(
-        source=instantiate(cfg.data.source),
+        # A zero-shot task (task.unseen) trains on a manifest copy without the unseen label columns.
+        source=guard_unseen(instantiate(cfg.data.source), cfg.task.get("unseen")),
         labels=list(cfg.task.labels),
         image_size=cfg.data.image_size,
         batch_size=cfg.data.batch_size,
@@ -43,10 +46,17 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
 
 
 def build_model(cfg: DictConfig) -> MultiLabelClassifier:
-    return MultiLabelClassifier(
+    """The plain classifier, or the ``configs/adapter`` module (a ``MultiLabelClassifier`` subclass) when set."""
+    args = (
         OmegaConf.to_container(cfg.model, resolve=True),
         OmegaConf.to_container(cfg.loss, resolve=True),
         list(cfg.task.labels),
+    )
+    adapter = cfg.get("adapter")
+    if not adapter or not adapter.get("_target_"):  # adapter=none
+        return MultiLabelClassifier(*args)
+    return get_class(adapter._target_)(
+        *args, adapter_cfg=OmegaConf.to_container(adapter, resolve=True), unseen=list(cfg.task.get("unseen") or [])
     )
 
 
@@ -84,6 +94,7 @@ def run_training(
         "data_source": datamodule.source.name,
         "dataset_fingerprint": manifest.fingerprint,
         "synthetic_data": str(datamodule.source.name == "synthetic").lower(),
+        **getattr(datamodule.source, "run_tags", {}),  # the leak guard's record of dropped label columns
         **{f"cxrlt.{key}": str(value) for key, value in (cfg.get("tags") or {}).items()},
     }
     stage = build_component(cfg.stage)
@@ -133,4 +144,5 @@ def _fit_and_test(
             store(evaluation, session.log_metrics, session.log_artifacts, Path(tmp), cfg.evaluation.plots)
         log.info("test/mAP %.4f [%.4f, %.4f] (prevalence baseline %.4f)", *(evaluation.metrics.get(k, float("nan"))
                  for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/prevalence_baseline_mAP")))  # fmt: skip
+        report_unseen(model, datamodule, cfg, session)  # zero-shot tasks only: test_unseen/...
         session.log_artifact(best, "checkpoints")

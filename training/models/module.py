@@ -77,10 +77,7 @@ class MultiLabelClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.labels = list(labels)
-        self.backbone = create_backbone(
-            model_cfg["backbone"], pretrained=model_cfg.get("pretrained", False), **model_cfg.get("timm_kwargs", {})
-        )
-        self.head = nn.Linear(self.backbone.num_features, len(self.labels))
+        self.backbone, self.head = self.build_network(model_cfg)
         self.loss = build_component(loss_cfg)
         # Per-class values (average=None): torchmetrics' macro mean counts a class with no positive as AP 0,
         # the challenge leaves it out. LabelCounts tells which classes are defined; all three sync under DDP.
@@ -91,6 +88,17 @@ class MultiLabelClassifier(L.LightningModule):
         self.register_buffer("train_counts", torch.zeros(len(self.labels)))
         self.register_buffer("train_size", torch.zeros(()))
         self.train_loss = MeanMetric()
+
+    def build_network(self, model_cfg: dict) -> tuple[nn.Module, nn.Module]:
+        """The image encoder ``(B, 1, H, W) -> (B, F)`` and the head ``(B, F) -> (B, C)`` with a ``bias`` ``(C,)``.
+
+        A hook for subclasses (the zero-shot adapters replace the head or the whole network); called during
+        ``__init__`` after ``self.labels`` and ``self.hparams`` are set.
+        """
+        backbone = create_backbone(
+            model_cfg["backbone"], pretrained=model_cfg.get("pretrained", False), **model_cfg.get("timm_kwargs", {})
+        )
+        return backbone, nn.Linear(backbone.num_features, len(self.labels))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, 1, H, W)`` images to ``(B, C)`` logits."""
