@@ -1,0 +1,94 @@
+"""`make train TASK=task2 ARGS="debug=smoke"` end to end: leak guard recorded, proxy-OOD logged per epoch, the
+six unseen classes reported overall and per centre (internal/external) with bootstrap CIs; and the clip adapter
+on a random tiny open_clip model through the same command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from tests.benchmark_data import TINY_CLIP
+from tests.conftest import train_command
+from training.data.findings import TASK2_LABELS
+
+MACRO_KEYS = ("mAP", "mAUROC", "mF1", "mECE")
+
+
+@pytest.fixture(scope="module")
+def task2_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("task2")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
+    tiny = tmp / "tiny_clip"
+    tiny.mkdir()
+    (tiny / "open_clip_config.json").write_text(json.dumps(TINY_CLIP))
+    common = ("task=task2", "debug=smoke", f"data.source.root={tmp}/synthetic", "trainer.enable_progress_bar=false")
+    variants = {
+        "semantic": (),
+        "clip": ("adapter=clip", f"adapter.model=local-dir:{tiny}", "adapter.finetune=head", "adapter.proxy.k=2",
+                 "tta.enabled=false", "evaluation.perturbation.enabled=false", "evaluation.plots=false"),
+    }  # fmt: skip
+    outputs = {}
+    for name, extra in variants.items():
+        done = subprocess.run(train_command(tmp, *common, *extra), env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        outputs[name] = done.stdout + done.stderr
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("task2")
+    runs = {run.data.params["adapter.name"]: run for run in client.search_runs([experiment.experiment_id])}
+    return tmp, client, runs, outputs
+
+
+def test_task2_reports_unseen_classes_overall_internal_and_external_with_cis(task2_runs):
+    tmp, client, runs, outputs = task2_runs
+    run = runs["semantic"]
+    assert run.info.status == "FINISHED"
+    metrics, tags = run.data.metrics, run.data.tags
+    for scope in ("test_unseen", "test_unseen/source/centre_a", "test_unseen/source/centre_b"):
+        for macro in MACRO_KEYS:
+            assert f"{scope}/{macro}" in metrics, f"{scope}/{macro}"
+        for macro in ("mAP", "mAUROC"):
+            low, value, high = (metrics[f"{scope}/{macro}{s}"] for s in ("_ci_low", "", "_ci_high"))
+            assert 0.0 <= low <= value <= high <= 1.0, (scope, macro, low, value, high)
+    assert {f"test_unseen/ap/{name}" for name in TASK2_LABELS} <= set(metrics)  # the smoke set has 3 of each
+    assert "test_unseen_random/mAP_ci_high" in metrics and "test_unseen/prevalence_baseline_mAP" in metrics
+    assert tags["cxrlt.unseen.internal_source"] == "centre_a" and tags["cxrlt.unseen.external_sources"] == "centre_b"
+    # The seen-class report still runs as for task1, over the 30 trained labels only.
+    assert "test/mAP" in metrics and not any(key.startswith(f"test/ap/{n}") for key in metrics for n in TASK2_LABELS)
+    # Proxy-OOD, once per epoch (a checkpoint monitor), and the leak guard's record.
+    assert len(client.get_metric_history(run.info.run_id, "val/proxy_ood_mAP")) == 1
+    assert {f"val/proxy_ood/split{i}/mAP" for i in range(5)} <= set(metrics)
+    assert tags["cxrlt.leak_guard.dropped_columns"] == ",".join(TASK2_LABELS)
+    assert "leak guard: dropped the unseen label columns" in outputs["semantic"]
+    assert "Unseen classes (zero-shot)" in outputs["semantic"]
+
+
+def test_unseen_predictions_carry_the_true_labels_of_the_full_manifest(task2_runs, tmp_path):
+    tmp, client, runs, _ = task2_runs
+    run_id = runs["semantic"].info.run_id
+    frame = pd.read_csv(client.download_artifacts(run_id, "predictions/test_unseen.csv", str(tmp_path)))
+    manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
+    test = manifest[manifest["split"] == "test"].set_index("image_id")
+    assert sorted(frame["image_id"]) == sorted(test.index)
+    truth = frame.set_index("image_id")[[f"true/{n}" for n in TASK2_LABELS]]
+    assert (truth.to_numpy() == test.loc[truth.index, list(TASK2_LABELS)].to_numpy()).all()
+    probs = frame[list(TASK2_LABELS)].to_numpy()
+    assert ((probs >= 0) & (probs <= 1)).all() and probs.std(axis=0).min() > 0  # real scores, not a constant
+    report = client.download_artifacts(run_id, "evaluation/unseen_report.md", str(tmp_path))
+    assert "centre_b (external)" in Path(report).read_text()
+
+
+def test_clip_adapter_trains_and_reports_through_the_same_command(task2_runs):
+    _, client, runs, _ = task2_runs
+    run = runs["clip"]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["adapter._target_"] == "training.zeroshot.clip.ClipClassifier"
+    metrics = run.data.metrics
+    assert {"test_unseen/mAUROC", "test_unseen/source/centre_b/mAP_ci_low", "val/proxy_ood_mAP", "train/loss"} <= set(
+        metrics
+    )
