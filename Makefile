@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score tune register submit benchmark ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune register serve submit benchmark ui test test-realdata test-slow lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -58,6 +58,10 @@ tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=tas
 
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=val/mAP] [RUN=<id>]
 	$(PY) -m evaluation.registry --task $(TASK) --metric '$(or $(METRIC),val/mAP)' $(if $(RUN),--run $(RUN))
+
+serve: setup ## Serve the champion over REST on 127.0.0.1:$(PORT): make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
+		--env-manager local -h 127.0.0.1 -p $(PORT)
 
 submit: setup ## Validated submission CSV: make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv]
 	$(PY) -m evaluation.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
