@@ -138,3 +138,23 @@ def test_hashing_encoder_is_deterministic_unit_norm_and_lexical():
     np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-6)
     assert a[0] @ a[1] > a[1] @ a[2] + 0.2  # shared word -> closer
+
+
+def test_text_embeddings_pick_classes_from_the_whole_bank_and_centre_on_request(tmp_path):
+    from training.zeroshot.text_side import text_embeddings
+
+    cfg = {"text_encoder": {"_target_": "training.zeroshot.text_encoders.HashingEncoder", "dim": 64},
+           "cache_dir": str(tmp_path)}  # fmt: skip
+    bank = DescriptionBank.load()
+    every = cached_class_embeddings(list(bank.classes), bank, HashingEncoder(64), cache_dir=None)
+    names = ["Scoliosis", "Kyphosis", "Normal"]
+    rows = [list(bank.classes).index(n) for n in names]
+    np.testing.assert_allclose(text_embeddings(cfg, names), every[rows], atol=1e-6)
+    centred = every - every.mean(axis=0)
+    centred /= np.linalg.norm(centred, axis=1, keepdims=True)
+    out = text_embeddings({**cfg, "center": True}, names)
+    np.testing.assert_allclose(out, centred[rows], atol=1e-6)
+    # The reference is the whole bank, not the classes asked for: the same row whatever the task's split.
+    np.testing.assert_allclose(text_embeddings({**cfg, "center": True}, ["Scoliosis"])[0], out[0], atol=1e-6)
+    with pytest.raises(MissingDescriptionError, match="Not A Finding"):
+        text_embeddings(cfg, ["Scoliosis", "Not A Finding"])
