@@ -152,9 +152,25 @@ class Objective:
         return value
 
     def _close(self, cfg: DictConfig, recorder: TrialRecorder, state: str, tags: dict[str, str]) -> None:
-        """Tag the trial's run with its final Optuna state (the pipeline already set the MLflow status)."""
-        if recorder.run_id is None:  # failed before fitting began: no run, or one the pipeline already marked
-            return
+        """Tag the trial's run with its final Optuna state (the pipeline already set the MLflow status).
+
+        A trial that failed before fitting began has no run id in the recorder; its run, if the pipeline got as
+        far as creating one, is found by its study and trial-number tags.
+        """
         client = MlflowClient(tracking_uri(cfg))
+        run_id = recorder.run_id or self._find_run(client, cfg, recorder.trial.number)
+        if run_id is None:  # failed before a run existed (e.g. a data error): nothing to tag
+            return
         for key, value in {STATE_TAG: state, **tags}.items():
-            client.set_tag(recorder.run_id, key, value)
+            client.set_tag(run_id, key, value)
+
+    def _find_run(self, client: MlflowClient, cfg: DictConfig, number: int) -> str | None:
+        experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+        if experiment is None:
+            return None
+        runs = client.search_runs(
+            [experiment.experiment_id],
+            filter_string=f"tags.`{STUDY_TAG}` = '{self.study_name}' and tags.`{TRIAL_TAG}` = '{number}' "
+            f"and tags.`mlflow.parentRunId` = '{self.parent_run_id}'",
+        )
+        return runs[0].info.run_id if runs else None

@@ -30,6 +30,7 @@ import optuna
 from hydra.utils import instantiate
 from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
+from sqlalchemy.exc import SQLAlchemyError
 
 from training.tracking.session import git_commit, tracking_uri
 from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG
@@ -42,6 +43,7 @@ STUDY_KIND = "tuning-study"
 #: Extra engine settings per database scheme. SQLite: wait for a writer rather than fail at once when several
 #: workers share the file.
 ENGINE_KWARGS = {"sqlite": {"connect_args": {"timeout": 60}}}
+STORAGE_ATTEMPTS = 5
 
 
 def storage_url(url: str) -> str:
@@ -71,15 +73,25 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
             client.set_tag(run_id, STATE_TAG, "FAIL")
             client.set_terminated(run_id, "KILLED")
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in practice
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=ENGINE_KWARGS.get(urlsplit(url).scheme.split("+")[0], {}),
-            heartbeat_interval=cfg.tune.heartbeat_interval,
-            grace_period=cfg.tune.grace_period,
-            heartbeat_stale_trial_callback=close_ghost_run,
-        )
+    # Workers started together on a fresh database race to create its tables; the loser sees "table already
+    # exists" (or a lock) and simply connects again once the winner is done.
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=ENGINE_KWARGS.get(urlsplit(url).scheme.split("+")[0], {}),
+                    heartbeat_interval=cfg.tune.heartbeat_interval,
+                    grace_period=cfg.tune.grace_period,
+                    heartbeat_stale_trial_callback=close_ghost_run,
+                )
+        except SQLAlchemyError as error:
+            if attempt + 1 == STORAGE_ATTEMPTS:
+                raise
+            log.info("storage not ready (%s); retrying", str(error).splitlines()[0])
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")
 
 
 def open_study(cfg: DictConfig, storage: optuna.storages.BaseStorage) -> tuple[optuna.Study, bool]:
