@@ -18,7 +18,7 @@ from training.tracking.session import tracking_uri
 from training.tuning.objective import Objective
 from training.tuning.report import log_best, state_counts, write_report
 from training.tuning.space import SearchSpace
-from training.tuning.study import build_storage, open_study, parent_run, remaining
+from training.tuning.study import await_parent, build_storage, open_study, parent_run, remaining
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,9 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     """Open (or resume) the study, run trials until it holds ``tune.trials``, and report into the parent run."""
     space = SearchSpace.from_config(cfg.hparams_search)  # a bad space fails before anything is created
     study, created = open_study(cfg, build_storage(cfg))
+    existing = await_parent(study, created)  # before any MLflow access (see await_parent)
     client = MlflowClient(tracking_uri(cfg))
-    parent = parent_run(cfg, study, created, client)
+    parent = parent_run(cfg, study, existing, client)
     metric, target = str(cfg.tune.metric), int(cfg.tune.trials)
     objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name,
                           int(cfg.tune.worker))  # fmt: skip

@@ -136,16 +136,24 @@ def experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
         return client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
 
 
-def parent_run(cfg: DictConfig, study: optuna.Study, created: bool, client: MlflowClient, wait_s: float = 120.0) -> str:
-    """The study's parent run id: created by the study's creator, awaited by the other workers.
+def await_parent(study: optuna.Study, created: bool, wait_s: float = 120.0) -> str | None:
+    """The parent run id the study's creator recorded, waiting up to ``wait_s`` for it unless we are the creator.
 
-    A worker that loads a study without a parent run (its creator died first, or it predates tracking) creates
-    one once the wait is over.
+    Waiting touches only the Optuna storage: a worker must not open the MLflow store before the creator has,
+    since two processes initialising a fresh MLflow database at once race in its schema migration.
     """
     deadline = time.monotonic() + (0.0 if created else wait_s)
     while PARENT_ATTR not in study.user_attrs and time.monotonic() < deadline:
         time.sleep(1.0)
-    run_id = study.user_attrs.get(PARENT_ATTR)
+    return study.user_attrs.get(PARENT_ATTR)
+
+
+def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client: MlflowClient) -> str:
+    """The study's parent run: ``run_id`` reopened, or a new one when there is none yet.
+
+    A worker that loads a study without a parent run (its creator died first, or it predates tracking) creates
+    one once :func:`await_parent` gave up.
+    """
     if run_id is None:
         tags = {KIND_TAG: STUDY_KIND, STUDY_TAG: study.study_name, "task": str(cfg.task.name),
                 "optuna.storage": redacted(str(cfg.tune.storage)), "mlflow.source.git.commit": git_commit()}  # fmt: skip
