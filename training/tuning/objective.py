@@ -148,7 +148,8 @@ class Objective:
             self._close(cfg, recorder, "FAIL", {"optuna.error": repr(error)[:1000]})
             raise
         value = BEST[self.direction](recorder.values.values()) if recorder.values else math.nan
-        self._close(cfg, recorder, "COMPLETE", {"optuna.value": repr(value)})
+        # Optuna records a NaN objective (a diverged run) as FAIL; the run's tag says the same.
+        self._close(cfg, recorder, "COMPLETE" if math.isfinite(value) else "FAIL", {"optuna.value": repr(value)})
         return value
 
     def _close(self, cfg: DictConfig, recorder: TrialRecorder, state: str, tags: dict[str, str]) -> None:
