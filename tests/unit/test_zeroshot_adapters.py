@@ -229,3 +229,27 @@ def test_clip_adapter_runs_offline_on_a_random_tiny_model(tiny_clip, tmp_path):
                            unseen=list(TASK2_LABELS))  # fmt: skip
     trainable = {n.split(".")[0] for n, p in tuned.named_parameters() if p.requires_grad}
     assert trainable == {"head", "proxy"}  # the image tower stays frozen
+
+
+def test_conse_weights_are_a_convex_combination_of_the_nearest_classes():
+    from training.zeroshot.proxy_ood import conse_weights
+
+    support = _unit(torch.eye(4))
+    query = _unit([[0.9, 0.5, 0.1, -0.3]])
+    weights = conse_weights(query, support, k=2)
+    torch.testing.assert_close(weights, torch.tensor([[0.9, 0.5, 0.0, 0.0]]) / 1.4)
+    assert conse_weights(query, support, k=4)[0, 3] == 0  # negative similarity: no weight
+
+
+def test_conse_transfer_scores_unseen_from_seen_logits_and_proxy_weights_skip_pseudo_unseen(tmp_path):
+    labels = ["Kyphosis", "Mass", "Nodule", "Emphysema", "Normal", "Fracture", "Cardiomegaly", "Hernia"]
+    model = _semantic(labels, TASK2_LABELS, tmp_path, transfer="conse", conse_k=3)
+    model.eval()
+    images = torch.randn(3, 1, 32, 32)
+    weights = model.unseen_weights  # (U, C)
+    assert weights.shape == (6, 8) and torch.allclose(weights.sum(dim=1), torch.ones(6))
+    assert ((weights > 0).sum(dim=1) <= 3).all()
+    torch.testing.assert_close(model.unseen_logits(images), model(images) @ weights.T)
+    for i, unseen in enumerate(model.proxy.splits):  # a pseudo-unseen class is never scored from its own logit
+        assert (model.proxy.transfer[i][:, unseen] == 0).all()
+        torch.testing.assert_close(model.proxy.transfer[i].sum(dim=1), torch.ones(len(unseen)))

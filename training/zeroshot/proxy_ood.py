@@ -27,6 +27,15 @@ from torch import nn
 from torchmetrics.classification import MultilabelAveragePrecision
 
 
+def conse_weights(query: torch.Tensor, support: torch.Tensor, k: int) -> torch.Tensor:
+    """ConSE weights (Norouzi et al. 2014): each query class as a convex combination of its ``k`` nearest support
+    classes by text cosine, ``(U, D) x (C, D) -> (U, C)``, rows summing to 1 (negative similarities get 0)."""
+    sims = query @ support.T  # (U, C)
+    top = sims.topk(min(k, sims.shape[1]), dim=1)
+    weights = torch.zeros_like(sims).scatter_(1, top.indices, top.values.clamp_min(0))
+    return weights / weights.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
 def proxy_splits(n_classes: int, k: int, size: int, seed: int = 0) -> list[list[int]]:
     """``k`` pseudo-unseen class subsets of ``size`` indices each, from a seeded permutation.
 
@@ -51,10 +60,14 @@ class ProxyOOD(nn.Module):
         k: number of splits.
         size: pseudo-unseen classes per split.
         seed: seed of the splits.
+        conse_k: score pseudo-unseen classes as the adapter's ``transfer: conse`` does (a convex combination of
+            the ``conse_k`` nearest *pseudo-seen* classes' logits by ``class_text`` cosine); None scores them
+            directly against their own text (``transfer: direct``).
+        class_text: ``(C, D)`` seen-class text embeddings (needed with ``conse_k``).
     """
 
     def __init__(self, head_factory: Callable[[], nn.Module], n_classes: int, k: int = 5, size: int = 6,
-                 seed: int = 0):  # fmt: skip
+                 seed: int = 0, conse_k: int | None = None, class_text: torch.Tensor | None = None):  # fmt: skip
         super().__init__()
         self.splits = proxy_splits(n_classes, k, size, seed)
         self.heads = nn.ModuleList(head_factory() for _ in self.splits)
@@ -62,6 +75,13 @@ class ProxyOOD(nn.Module):
         for i, unseen in enumerate(self.splits):
             pseudo_seen[i, unseen] = False
         self.register_buffer("pseudo_seen", pseudo_seen, persistent=False)  # (k, C)
+        transfer = None
+        if conse_k:
+            transfer = torch.zeros(len(self.splits), size, n_classes)  # (k, size, C): weights on pseudo-seen only
+            for i, unseen in enumerate(self.splits):
+                seen = pseudo_seen[i].nonzero().squeeze(1)
+                transfer[i][:, seen] = conse_weights(class_text[unseen], class_text[seen], conse_k)
+        self.register_buffer("transfer", transfer, persistent=False)
         self.ap = nn.ModuleList(MultilabelAveragePrecision(size, average=None, ignore_index=-1) for _ in self.splits)
         self.register_buffer("positives", torch.zeros(len(self.splits), size), persistent=False)
 
@@ -84,7 +104,9 @@ class ProxyOOD(nn.Module):
     def update(self, features: torch.Tensor, targets: torch.Tensor) -> None:
         """Accumulate pseudo-unseen probabilities ``(B, size)`` and targets (-1 = not labelled) per split."""
         for i, (head, unseen) in enumerate(zip(self.heads, self.splits, strict=True)):
-            probs = torch.sigmoid(head(features)[:, unseen])
+            logits = head(features)  # (B, C)
+            scores = logits[:, unseen] if self.transfer is None else logits @ self.transfer[i].T  # (B, size)
+            probs = torch.sigmoid(scores)
             truth = targets[:, unseen].long()
             self.ap[i].update(probs, truth)
             self.positives[i] += (truth == 1).sum(dim=0)
