@@ -9,8 +9,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from training.data.cache import CACHE_ROOT, PreprocessedCache
-from training.data.manifest import file_fingerprint
+from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
 
 
 @hydra.main(config_path="../configs", config_name="data_tools", version_base="1.3")
@@ -18,7 +17,7 @@ def main(cfg: DictConfig) -> None:
     source = instantiate(cfg.data.source)
     manifest = source.prepare()
     table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
-    cache = PreprocessedCache(file_fingerprint(manifest), cfg.data.image_size, cfg.data.get("resize", "stretch"),
+    cache = PreprocessedCache(image_list_fingerprint(table["image_id"], table["path"], source.root), cfg.data.image_size, cfg.data.get("resize", "stretch"),
                               root=cfg.data.get("cache_root") or CACHE_ROOT)  # fmt: skip
     report = cache.build([source.root / p for p in table["path"]], list(table["image_id"]), workers=cfg.workers)
     print(f"{cache.dir}: {report.decoded} decoded, {report.skipped} already cached, {len(report.errors)} unreadable "

@@ -22,10 +22,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from training.data.cache import PreprocessedCache
+from training.data.cache import PreprocessedCache, image_list_fingerprint
 from training.data.datamodule import CXRDataModule
 from training.data.findings import NIH14_LABELS
-from training.data.manifest import file_fingerprint
 from training.data.sources import ManifestSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +73,9 @@ def main() -> None:
         manifest = full_size_set(tmp, args.images, args.side)
         megabytes = sum(p.stat().st_size for p in tmp.glob("*.png")) / args.images / 2**20
         table = pd.read_csv(manifest, dtype=str)
-        cache = PreprocessedCache(file_fingerprint(manifest), args.size, "pad", root=tmp / "cache")
+        cache = PreprocessedCache(
+            image_list_fingerprint(table["image_id"], table["path"], tmp), args.size, "pad", root=tmp / "cache"
+        )
         built = cache.build([tmp / p for p in table["path"]], list(table["image_id"]), progress=False)
 
         def module(cached: bool) -> CXRDataModule:

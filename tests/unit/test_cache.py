@@ -9,12 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.data.cache import PreprocessedCache
+from training.data.cache import PreprocessedCache, image_list_fingerprint
 from training.data.check import check_dataset
 from training.data.datamodule import CXRDataModule
 from training.data.findings import CXRLT_FINDINGS
 from training.data.images import read_grayscale
-from training.data.manifest import file_fingerprint
 from training.data.sources import ManifestSource
 
 
@@ -67,7 +66,8 @@ def test_unreadable_files_are_reported_by_line_and_leave_the_cache_incomplete(tm
 def test_data_module_reads_the_cache_and_says_so(make_manifest, tmp_path, caplog):
     manifest = make_manifest(n=30, size=40)
     table = pd.read_csv(manifest)
-    cache = PreprocessedCache(file_fingerprint(manifest), 32, "pad", root=tmp_path / "cache")
+    key = image_list_fingerprint(table["image_id"], table["path"], manifest.parent)
+    cache = PreprocessedCache(key, 32, "pad", root=tmp_path / "cache")
     cache.build([manifest.parent / p for p in table["path"]], list(table["image_id"]), progress=False)
 
     def module(use_cache):
@@ -87,19 +87,25 @@ def test_data_module_reads_the_cache_and_says_so(make_manifest, tmp_path, caplog
         assert first == table[table["split"] == split]["image_id"].iloc[0]
 
 
-def test_stale_cache_is_ignored_after_the_manifest_changes(make_manifest, tmp_path):
+def test_cache_survives_relabelling_but_not_a_changed_image_list(make_manifest, tmp_path):
     manifest = make_manifest(n=9)
     table = pd.read_csv(manifest)
-    PreprocessedCache(file_fingerprint(manifest), 32, "pad", root=tmp_path / "c").build(
+    key = image_list_fingerprint(table["image_id"], table["path"], manifest.parent)
+    PreprocessedCache(key, 32, "pad", root=tmp_path / "c").build(
         [manifest.parent / p for p in table["path"]], list(table["image_id"]), progress=False
     )
-    table.loc[0, "Mass"] = 1 - table.loc[0, "Mass"]
-    table.to_csv(manifest, index=False)
-    dm = CXRDataModule(
-        ManifestSource(str(manifest)), CXRLT_FINDINGS, 32, 4, resize="pad", cache_root=str(tmp_path / "c")
-    )
-    dm.setup()
-    assert dm.store is None
+
+    def cached_after(edit):
+        edit(table)
+        table.to_csv(manifest, index=False)
+        dm = CXRDataModule(
+            ManifestSource(str(manifest)), CXRLT_FINDINGS, 32, 4, resize="pad", cache_root=str(tmp_path / "c")
+        )
+        dm.setup()
+        return dm.store is not None
+
+    assert cached_after(lambda t: t.__setitem__("Mass", 1 - t["Mass"]))  # same pixels: the cache still serves
+    assert not cached_after(lambda t: t.__setitem__("path", t["path"].iloc[::-1].to_numpy()))  # other order
 
 
 def test_data_check_names_overlaps_and_broken_files(make_manifest):

@@ -5,19 +5,22 @@ originals every epoch leaves its GPU idle. ``make prepare`` runs :meth:`Preproce
 then reads ``(H, W)`` uint8 rows straight from ``images.npy`` through a memory map, so even a dataset larger
 than RAM costs one page-cache read per image.
 
-Layout of ``data/cache/prepared/<manifest fingerprint>-<size>px-<resize>-v<format>/``:
+Layout of ``data/cache/prepared/<image-list fingerprint>-<size>px-<resize>-v<format>/``:
 
 * ``images.npy``: ``(N, size, size)`` uint8, rows in manifest order (the row position is the key);
 * ``done.npy``: ``(N,)`` bool, which rows are written: a killed build resumes where it stopped;
 * ``errors.csv``: every file that could not be read, with its manifest line and the reason;
 * ``meta.json``: the key, counts and timing; ``complete`` is true only when every row is written.
 
-The key holds the manifest's content fingerprint, so an edited manifest never reads a stale cache; bump
+The key is :func:`image_list_fingerprint`: the image root and the ordered (id, path) rows. Another image, path or
+order never reads a stale cache, while relabelling, re-splitting or dropping label columns (the Task 2 leak
+guard) keeps it, since the pixels are the same. Bump
 :data:`FORMAT_VERSION` whenever decoding or normalisation in :mod:`training.data.images` changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +42,14 @@ FORMAT_VERSION = 1
 CACHE_ROOT = Path("data/cache/prepared")
 
 
+def image_list_fingerprint(image_ids, paths, root: str | Path) -> str:
+    """Short hash of the image root and the ordered ``(id, path)`` rows: what the cached pixels depend on."""
+    digest = hashlib.sha256(str(Path(root).resolve()).encode())
+    for image_id, path in zip(image_ids, paths, strict=True):
+        digest.update(f"\n{image_id}\t{path}".encode())
+    return digest.hexdigest()[:12]
+
+
 @dataclass
 class BuildReport:
     """What one :meth:`PreprocessedCache.build` call did."""
@@ -58,7 +69,7 @@ class PreprocessedCache:
     """One cache directory (see the module docstring).
 
     Args:
-        fingerprint: the manifest's content fingerprint.
+        fingerprint: :func:`image_list_fingerprint` of the manifest rows.
         size: square side of the stored images.
         resize: resize mode of :func:`training.data.images.read_grayscale`.
         root: parent folder of all caches.

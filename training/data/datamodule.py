@@ -9,7 +9,7 @@ import lightning.pytorch as L
 import numpy as np
 from torch.utils.data import DataLoader
 
-from training.data.cache import CACHE_ROOT, PreprocessedCache
+from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
 from training.data.dataset import ManifestDataset
 from training.data.findings import KNOWN_FINDINGS
 from training.data.manifest import Manifest, load_manifest
@@ -98,7 +98,9 @@ class CXRDataModule(L.LightningDataModule):
         """The memory-mapped cache for this manifest and size, or None (said either way: it changes speed 10x)."""
         if not self.cache:
             return None
-        cache = PreprocessedCache(self.manifest.fingerprint, self.image_size, self.resize, self.cache_root)
+        table = self.manifest.table
+        key = image_list_fingerprint(table["image_id"], table["path"], self.manifest.root)
+        cache = PreprocessedCache(key, self.image_size, self.resize, self.cache_root)
         if cache.is_complete(len(self.manifest.table)):
             log.info("reading the preprocessed cache %s", cache.dir)
             return cache.load()
