@@ -258,3 +258,35 @@ def test_interrupted_generation_is_redone(tmp_path):
     manifest.unlink()  # killed before the manifest was written
     generate(tmp_path, seed=0, workers=1, verbose=False, **TINY)
     assert manifest.is_file()
+
+
+def test_concurrent_prepares_generate_once(tmp_path, monkeypatch):
+    """Two workers preparing the same synthetic set at once: one generates, the other waits and reuses it."""
+    import threading
+    import time
+
+    import training.data.synthetic as synthetic
+    from training.data.sources import SyntheticSource
+
+    calls, active, overlap = [], [0], [False]
+
+    def fake_generate(root, **kwargs):
+        active[0] += 1
+        overlap[0] |= active[0] > 1
+        marker = root / "manifest.csv"
+        if not marker.exists():
+            calls.append(root)
+            time.sleep(0.3)
+            root.mkdir(parents=True, exist_ok=True)
+            marker.write_text("x")
+        active[0] -= 1
+        return marker
+
+    monkeypatch.setattr(synthetic, "generate", fake_generate)
+    sources = [SyntheticSource(str(tmp_path), {"image_size": 32, "seed": 1}) for _ in range(2)]
+    threads = [threading.Thread(target=s.prepare) for s in sources]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and not overlap[0]

@@ -6,6 +6,7 @@ members, so adding one never touches the data module.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 from pathlib import Path
@@ -49,7 +50,14 @@ class SyntheticSource:
         self.name = name
 
     def prepare(self) -> Path:
-        """Generate the set if it is missing or stale, then return its manifest."""
+        """Generate the set if it is missing or stale, then return its manifest.
+
+        Several processes may start at once (tuning workers, DDP ranks): an exclusive file lock lets the first
+        generate while the others wait, then find the set complete and return at once.
+        """
         from training.data.synthetic import generate
 
-        return Path(generate(self.root, **self.generator))
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.root.parent / f".{self.root.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return Path(generate(self.root, **self.generator))
