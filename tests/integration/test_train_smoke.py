@@ -102,12 +102,6 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     assert not (tmp / "checkpoints" / run_id).exists()  # working checkpoints dropped once the run finished
 
 
-def test_smoke_run_is_fast(smoke_runs):
-    _, _, outputs = smoke_runs
-    # Generous bound for a shared 2-core machine; the target (under a minute) is reported by hand.
-    assert outputs["resnet18"][1] < 120
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
