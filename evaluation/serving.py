@@ -61,6 +61,8 @@ class Scorer:
         labels: output label names, in column order.
         thresholds: per-class thresholds chosen on validation (F1-maximising), or None.
         run_id: the MLflow run the weights come from.
+        resize: how the run made its images square (``data.resize``: pad, crop or stretch); serving must do the
+            same, or a model trained on padded radiographs would be shown stretched ones.
     """
 
     model: MultiLabelClassifier
@@ -68,6 +70,7 @@ class Scorer:
     labels: list[str]
     thresholds: list[float] | None = None
     run_id: str | None = None
+    resize: str = "stretch"
 
     @classmethod
     def from_spec(cls, spec: dict, state_dict: dict) -> Scorer:
@@ -76,12 +79,13 @@ class Scorer:
         model = MultiLabelClassifier(model_cfg, spec["loss_cfg"], spec["labels"])
         model.load_state_dict(state_dict)
         model.eval()
-        return cls(model, int(spec["image_size"]), list(spec["labels"]), spec.get("thresholds"), spec.get("run_id"))
+        return cls(model, int(spec["image_size"]), list(spec["labels"]), spec.get("thresholds"), spec.get("run_id"),
+                   spec.get("resize", "stretch"))  # fmt: skip
 
     def spec(self) -> dict:
         """The JSON-able description :meth:`from_spec` rebuilds from (weights apart)."""
         hparams = self.model.hparams
-        return {"run_id": self.run_id, "image_size": self.image_size, "labels": self.labels,
+        return {"run_id": self.run_id, "image_size": self.image_size, "resize": self.resize, "labels": self.labels,
                 "thresholds": self.thresholds, "model_cfg": dict(hparams["model_cfg"]),
                 "loss_cfg": dict(hparams["loss_cfg"]), "normalisation": {"mean": GRAY_MEAN, "std": GRAY_STD}}  # fmt: skip
 
@@ -97,7 +101,7 @@ class Scorer:
 
     def predict_files(self, paths: Sequence[str | Path], tta: TTAPredictor | None = None) -> np.ndarray:
         """``(N, C)`` probabilities for image files, decoded exactly as in training."""
-        return self.predict_images(np.stack([read_grayscale(p, self.image_size) for p in paths]), tta)
+        return self.predict_images(np.stack([read_grayscale(p, self.image_size, self.resize) for p in paths]), tta)
 
 
 def scorer_from_run(client: MlflowClient, run_id: str) -> Scorer:
@@ -110,7 +114,8 @@ def scorer_from_run(client: MlflowClient, run_id: str) -> Scorer:
         state = torch.load(client.download_artifacts(run_id, "checkpoints/best.ckpt", tmp), map_location="cpu",
                            weights_only=True)  # fmt: skip
         thresholds = _validation_thresholds(client, run_id, list(cfg.task.labels), Path(tmp))
-    spec = {"run_id": run_id, "image_size": int(cfg.data.image_size), "labels": list(cfg.task.labels),
+    spec = {"run_id": run_id, "image_size": int(cfg.data.image_size), "resize": cfg.data.get("resize", "stretch"),
+            "labels": list(cfg.task.labels),
             "thresholds": thresholds, "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
             "loss_cfg": OmegaConf.to_container(cfg.loss, resolve=True)}  # fmt: skip
     return Scorer.from_spec(spec, state["state_dict"])
@@ -137,28 +142,28 @@ def _suffix(data: bytes) -> str:
     return next((suffix for magic, suffix in MAGIC_SUFFIXES.items() if data.startswith(magic)), ".img")
 
 
-def decode_bytes(data: bytes, size: int) -> np.ndarray:
+def decode_bytes(data: bytes, size: int, resize: str = "stretch") -> np.ndarray:
     """Image bytes -> ``(size, size)`` uint8 through the training decoder (via a temporary file)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"image{_suffix(data)}"
         path.write_bytes(data)
-        return read_grayscale(path, size)
+        return read_grayscale(path, size, resize)
 
 
-def _from_path(value, size: int) -> np.ndarray:
-    return read_grayscale(str(value), size)
+def _from_path(value, size: int, resize: str = "stretch") -> np.ndarray:
+    return read_grayscale(str(value), size, resize)
 
 
-def _from_b64(value, size: int) -> np.ndarray:
+def _from_b64(value, size: int, resize: str = "stretch") -> np.ndarray:
     data = value if isinstance(value, bytes | bytearray) else base64.b64decode(str(value))
-    return decode_bytes(bytes(data), size)
+    return decode_bytes(bytes(data), size, resize)
 
 
 #: Request column -> how its cell becomes an image. The first non-empty column of a row is used.
 REQUEST_COLUMNS: dict[str, Callable[[object, int], np.ndarray]] = {"image": _from_path, "image_b64": _from_b64}
 
 
-def decode_request(frame: pd.DataFrame, size: int) -> np.ndarray:
+def decode_request(frame: pd.DataFrame, size: int, resize: str = "stretch") -> np.ndarray:
     """``(N, size, size)`` uint8 images from a request frame (see module docstring for the columns).
 
     Raises:
@@ -174,7 +179,7 @@ def decode_request(frame: pd.DataFrame, size: int) -> np.ndarray:
         if column is None:
             raise RequestError(f"row {row}: no image; give {' or '.join(repr(c) for c in REQUEST_COLUMNS)}")
         try:
-            images.append(REQUEST_COLUMNS[column](record[column], size))
+            images.append(REQUEST_COLUMNS[column](record[column], size, resize))
         except (OSError, ValueError, binascii.Error) as error:
             raise RequestError(f"row {row}, column {column!r}: {error}") from error
     return np.stack(images)
@@ -190,7 +195,7 @@ class CXRClassifierModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         """Probabilities ``(N, C)`` as a frame whose columns are the label names."""
-        images = decode_request(pd.DataFrame(model_input), self.scorer.image_size)
+        images = decode_request(pd.DataFrame(model_input), self.scorer.image_size, self.scorer.resize)
         return pd.DataFrame(self.scorer.predict_images(images), columns=self.scorer.labels)
 
 

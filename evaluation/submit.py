@@ -94,9 +94,10 @@ def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAP
     decoded: dict[int, np.ndarray] = {}
     total = np.zeros((len(paths), len(labels)))
     for member in members:
-        if member.image_size not in decoded:
-            decoded[member.image_size] = np.stack([read_grayscale(p, member.image_size) for p in paths])
-        total += member.predict_images(decoded[member.image_size], tta)
+        key = (member.image_size, member.resize)  # members trained at other sizes or geometries decode their own
+        if key not in decoded:
+            decoded[key] = np.stack([read_grayscale(p, member.image_size, member.resize) for p in paths])
+        total += member.predict_images(decoded[key], tta)
     return total / len(members)
 
 

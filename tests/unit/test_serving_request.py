@@ -52,3 +52,30 @@ def test_bad_requests_name_row_and_column(frame, message, tmp_path, monkeypatch)
 def test_a_row_without_any_image_is_named(png):
     with pytest.raises(RequestError, match="row 1: no image"):
         decode_request(pd.DataFrame({"image": [str(png), ""]}), 16)
+
+
+def test_serving_uses_the_runs_resize_mode(tmp_path):
+    """A model trained on padded radiographs is served padded ones, by path and by bytes alike."""
+    wide = np.tile(np.linspace(0, 255, 80), (40, 1)).astype(np.uint8)  # 2:1, so pad and stretch differ
+    path = tmp_path / "wide.png"
+    cv2.imwrite(str(path), wide)
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    frame = pd.DataFrame({"image": [str(path), None], "image_b64": [None, encoded]})
+    padded = decode_request(frame, 32, "pad")
+    expected = read_grayscale(path, 32, "pad")
+    assert np.array_equal(padded[0], expected) and np.array_equal(padded[1], expected)
+    assert (expected[:8] == 0).all()  # the black band the model saw in training
+    assert not np.array_equal(decode_request(frame, 32, "stretch")[0], expected)
+
+
+def test_scorer_spec_carries_resize():
+    from evaluation.serving import Scorer
+
+    scorer = Scorer.__new__(Scorer)
+    scorer.run_id, scorer.image_size, scorer.labels, scorer.thresholds, scorer.resize = "r", 32, ["Mass"], None, "pad"
+
+    class Hparams:
+        hparams = {"model_cfg": {"backbone": "resnet18"}, "loss_cfg": {"name": "bce"}}
+
+    scorer.model = Hparams()
+    assert scorer.spec()["resize"] == "pad"
