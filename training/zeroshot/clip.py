@@ -189,7 +189,4 @@ class ClipClassifier(MultiLabelClassifier):
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
         if self.proxy is not None:
-            values = self.proxy.compute()
-            self.log("val/proxy_ood_mAP", values.pop("mAP"), prog_bar=True)
-            for key, value in values.items():
-                self.log(f"val/proxy_ood/{key}", value)
+            self.proxy.log_epoch(self)

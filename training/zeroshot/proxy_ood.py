@@ -122,3 +122,13 @@ class ProxyOOD(nn.Module):
         values = torch.stack(list(out.values()))
         out["mAP"] = values.nanmean()
         return out
+
+    def log_epoch(self, module) -> None:
+        """Compute, reset and log on a LightningModule: ``val/proxy_ood_mAP`` plus ``val/proxy_ood/split<i>/mAP``.
+
+        One place for the metric names, so every adapter reports the tuning objective under the same key.
+        """
+        values = self.compute()
+        module.log("val/proxy_ood_mAP", values.pop("mAP"), prog_bar=True)
+        for key, value in values.items():
+            module.log(f"val/proxy_ood/{key}", value)
