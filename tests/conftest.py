@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import cv2
@@ -75,3 +79,24 @@ def shared_data(name: str) -> Path:
     if not path.is_dir():
         pytest.skip(f"real data not available: {path}")
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a test server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_http(url: str, server: subprocess.Popen, timeout: float, what: str) -> None:
+    """Poll ``url`` until it answers; fail the test (with the server's stderr, if piped) if it dies or times out."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                stderr = server.stderr.read().decode()[-3000:] if server.stderr else ""
+                pytest.fail(f"{what} did not come up: {stderr}")
+            time.sleep(0.5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import train_command
+from tests.conftest import free_port, train_command, wait_for_http
 from training.data.findings import TASK1_LABELS
 from training.data.manifest import file_fingerprint
 
@@ -102,15 +101,9 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     assert not (tmp / "checkpoints" / run_id).exists()  # working checkpoints dropped once the run finished
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
     tmp, _, _ = smoke_runs
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
          "--host", "127.0.0.1", "--port", str(port)],
@@ -118,15 +111,7 @@ def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    pytest.fail("mlflow ui did not come up")
-                time.sleep(0.5)
+        wait_for_http(f"{base}/health", server, 60, "mlflow ui")
         url = f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=task1"
         experiment = json.load(urllib.request.urlopen(url))["experiment"]
         body = json.dumps({"experiment_ids": [experiment["experiment_id"]], "max_results": 10}).encode()

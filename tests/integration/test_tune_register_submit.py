@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from mlflow import MlflowClient
 
 from evaluation.submission import Template, validate_file
 from evaluation.submit import submit
+from tests.conftest import free_port, wait_for_http
 from tests.tune_support import tune_command
 from training.data.findings import TASK1_LABELS
 from training.data.label_names import ORGANISER_SPELLING
@@ -189,12 +189,6 @@ def test_ensemble_averages_its_members(study, champion, tmp_path):
     assert not np.allclose(frames["a"].to_numpy(), frames["b"].to_numpy())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _score(base: str, frame: dict) -> list[dict]:
     body = json.dumps({"dataframe_split": frame}).encode()
     request = urllib.request.Request(f"{base}/invocations", body, {"Content-Type": "application/json"})
@@ -206,7 +200,7 @@ def test_served_champion_scores_an_image_like_the_submission(study, champion, su
     manifest_path, manifest = _manifest(tmp)
     row = manifest[manifest["image_id"] == submission["ids"][0]].iloc[0]
     image = manifest_path.parent / row["path"]
-    port = _free_port()
+    port = free_port()
     env = {**study["env"], "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # uvicorn
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/cxrlt-task1@champion",
@@ -215,15 +209,7 @@ def test_served_champion_scores_an_image_like_the_submission(study, champion, su
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/ping", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    pytest.fail("mlflow models serve did not come up: " + server.stderr.read().decode()[-3000:])
-                time.sleep(1.0)
+        wait_for_http(f"{base}/ping", server, 180, "mlflow models serve")
         (by_path,) = _score(base, {"columns": ["image"], "data": [[str(image)]]})
         (by_bytes,) = _score(
             base, {"columns": ["image_b64"], "data": [[base64.b64encode(image.read_bytes()).decode()]]}
