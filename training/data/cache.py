@@ -35,6 +35,7 @@ from numpy.lib.format import open_memmap
 from tqdm.auto import tqdm
 
 from training.data.images import read_grayscale
+from training.data.manifest import csv_line
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class PreprocessedCache:
                         images[row], done[row] = image, True
                         report.decoded += 1
                     else:
-                        report.errors.append({"line": row + 2, "image_id": image_ids[row], "path": str(paths[row]),
+                        report.errors.append({"line": csv_line(row), "image_id": image_ids[row], "path": str(paths[row]),
                                               "error": error})  # fmt: skip
                     bar.update(1)
                 images.flush()

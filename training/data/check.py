@@ -11,7 +11,7 @@ import pandas as pd
 from evaluation.groups import frequency_group
 from training.data.findings import KNOWN_FINDINGS
 from training.data.images import check_file, read_grayscale
-from training.data.manifest import META_COLUMNS, SPLITS, ManifestError, load_manifest
+from training.data.manifest import META_COLUMNS, SPLITS, ManifestError, csv_line, load_manifest
 
 
 @dataclass
@@ -70,13 +70,13 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
 
     check = (lambda path: read_grayscale(path, size)) if decode else check_file
 
-    def probe(index_path):  # fmt: skip
+    def probe(index_path):
         index, rel = index_path
         try:
             check(root / rel)
             return None
         except (OSError, ValueError) as error:
-            return f"line {index + 2}, image {table.at[index, 'image_id']!r}: {error}"
+            return f"line {csv_line(index)}, image {table.at[index, 'image_id']!r}: {error}"
 
     with ThreadPoolExecutor(workers) as pool:
         bad = [m for m in pool.map(probe, enumerate(table["path"])) if m]

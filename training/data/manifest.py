@@ -107,12 +107,13 @@ def load_manifest(
     return Manifest(table, root, tuple(labels), file_fingerprint(csv_path), csv_path)
 
 
-def _line(index: int) -> int:
+def csv_line(index: int) -> int:
     """CSV line number of a 0-based data row (line 1 is the header)."""
     return index + 2
 
 
-def _listed(kind: str, items: list[str]) -> list[str]:
+def listed(kind: str, items: list[str]) -> list[str]:
+    """The first :data:`MAX_LISTED` problems of one kind, then a count of the rest (errors stay readable)."""
     shown = items[:MAX_LISTED]
     if len(items) > MAX_LISTED:
         shown.append(f"... and {len(items) - MAX_LISTED} more {kind}")
@@ -139,22 +140,22 @@ def _validate(table, csv_path, root, labels, known_findings, extra_columns, chec
             problems.append(f"column {label!r}: required by the task but absent from the manifest")
 
     empty_ids = table.index[table["image_id"].str.strip() == ""].tolist()
-    problems += _listed("empty ids", [f"line {_line(i)}, column 'image_id': empty" for i in empty_ids])
+    problems += listed("empty ids", [f"line {csv_line(i)}, column 'image_id': empty" for i in empty_ids])
     duplicated = table[table["image_id"].duplicated(keep=False) & (table["image_id"] != "")]
     dup_msgs = [
-        f"column 'image_id': {image_id!r} duplicated on lines {[_line(i) for i in rows.index]}"
+        f"column 'image_id': {image_id!r} duplicated on lines {[csv_line(i) for i in rows.index]}"
         for image_id, rows in duplicated.groupby("image_id", sort=False)
     ]
-    problems += _listed("duplicated ids", dup_msgs)
+    problems += listed("duplicated ids", dup_msgs)
 
     bad_split = table.index[~table["split"].isin(SPLITS)].tolist()
-    problems += _listed(
+    problems += listed(
         "bad splits",
-        [f"line {_line(i)}, column 'split': {table.at[i, 'split']!r} is not one of {SPLITS}" for i in bad_split],
+        [f"line {csv_line(i)}, column 'split': {table.at[i, 'split']!r} is not one of {SPLITS}" for i in bad_split],
     )
     shared = table.groupby("patient_id")["split"].nunique()
     leaking = shared[shared > 1].index.tolist()
-    problems += _listed(
+    problems += listed(
         "patients in several splits",
         [
             f"column 'patient_id': patient {p!r} appears in several splits (splits must be patient-disjoint)"
@@ -164,15 +165,15 @@ def _validate(table, csv_path, root, labels, known_findings, extra_columns, chec
 
     for label in (c for c in labels if c in table.columns):
         bad = table.index[~table[label].isin(("0", "1", "0.0", "1.0", ""))].tolist()
-        problems += _listed(
+        problems += listed(
             f"bad values in {label!r}",
-            [f"line {_line(i)}, column {label!r}: {table.at[i, label]!r} is not 0, 1 or empty" for i in bad],
+            [f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} is not 0, 1 or empty" for i in bad],
         )
 
     if check_files:
         missing = [i for i, rel in enumerate(table["path"]) if not (root / rel).is_file()]
-        problems += _listed(
+        problems += listed(
             "missing images",
-            [f"line {_line(i)}, column 'path': image file not found: {root / table.at[i, 'path']}" for i in missing],
+            [f"line {csv_line(i)}, column 'path': image file not found: {root / table.at[i, 'path']}" for i in missing],
         )
     return problems

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
-from training.data.adapters.tables import id_problems, line, listed, raise_if, read_table, require_columns
+from training.data.adapters.tables import id_problems, raise_if, read_table, require_columns
 from training.data.findings import NIH14_LABELS
+from training.data.manifest import csv_line, listed
 
 COLUMNS = {  # release column -> manifest column
     "Image Index": "image_id", "Patient ID": "patient_id", "View Position": "view",
@@ -68,8 +69,8 @@ class NIH14Source(AdapterSource):
         findings = table["finding_labels"].str.split("|")
         known = set(NIH14_LABELS)
         bad = [(i, name) for i, names in findings.items() for name in names if name.strip() not in known]
-        problems += listed([f"{path}, line {line(i)}, column 'Finding Labels': unknown finding {name!r}"
-                            for i, name in bad], "unknown findings")  # fmt: skip
+        problems += listed("unknown findings", [f"{path}, line {csv_line(i)}, column 'Finding Labels': unknown "
+                                                f"finding {name!r}" for i, name in bad])  # fmt: skip
         raise_if(problems, f"{path}")
 
         positives = findings.map(lambda names: {n.strip() for n in names})

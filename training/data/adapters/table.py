@@ -12,14 +12,13 @@ from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
 from training.data.adapters.tables import (
     id_problems,
     label_values,
-    line,
-    listed,
     match_label_columns,
     raise_if,
     read_table,
     require_columns,
 )
 from training.data.findings import KNOWN_FINDINGS
+from training.data.manifest import csv_line, listed
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +152,9 @@ class TableSource(AdapterSource):
             return pd.Series(split, index=raw.index, dtype=object)
         text = raw[self.split_column].str.strip().str.lower()
         mapped = text.map(lambda v: SPLIT_NAMES.get(v, UNASSIGNED if v == "" else None))
-        problems += listed([f"{path}, line {line(i)}, column {self.split_column!r}: unknown split {raw.at[i, self.split_column]!r}"
-                            f" (use one of {sorted(set(SPLIT_NAMES))})" for i in mapped.index[mapped.isna()]], "bad splits")  # fmt: skip
+        problems += listed("bad splits", [f"{path}, line {csv_line(i)}, column {self.split_column!r}: unknown split "
+                                          f"{raw.at[i, self.split_column]!r} (use one of {sorted(set(SPLIT_NAMES))})"
+                                          for i in mapped.index[mapped.isna()]])  # fmt: skip
         return mapped.fillna(UNASSIGNED)
 
 

@@ -12,16 +12,11 @@ import pandas as pd
 
 from training.data.adapters.base import AdapterError
 from training.data.label_names import canonical_name
+from training.data.manifest import csv_line, listed
 
-MAX_LISTED = 10
 # "1.23457E+11": what a spreadsheet makes of a long numeric id; the digits it dropped are gone for good.
 SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d+)?[eE][+-]?\d+$")
 POSITIVE, NEGATIVE = {"1", "1.0", "true", "yes"}, {"0", "0.0", "false", "no"}
-
-
-def line(index: int) -> int:
-    """CSV line of a 0-based data row (line 1 is the header)."""
-    return index + 2
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -40,30 +35,24 @@ def require_columns(table: pd.DataFrame, columns: Iterable[str], path: Path) -> 
         raise AdapterError(f"{path}: missing column(s) {missing}; the table has {list(table.columns)}")
 
 
-def listed(problems: list[str], kind: str) -> list[str]:
-    if len(problems) > MAX_LISTED:
-        return problems[:MAX_LISTED] + [f"... and {len(problems) - MAX_LISTED} more {kind}"]
-    return problems
-
-
 def id_problems(table: pd.DataFrame, column: str, path: Path, unique: bool = True) -> list[str]:
     """Empty ids, ids mangled into scientific notation, and (when ``unique``) duplicated ids."""
     values = table[column].str.strip()
-    problems = listed([f"{path}, line {line(i)}, column {column!r}: empty" for i in values.index[values == ""]],
-                      f"empty {column}")  # fmt: skip
+    problems = listed(f"empty {column}", [f"{path}, line {csv_line(i)}, column {column!r}: empty"
+                                          for i in values.index[values == ""]])  # fmt: skip
     mangled = values.index[values.str.match(SCIENTIFIC)]
     problems += listed(
-        [f"{path}, line {line(i)}, column {column!r}: {values[i]!r} looks like a number a spreadsheet rewrote in "
+        f"mangled {column}",
+        [f"{path}, line {csv_line(i)}, column {column!r}: {values[i]!r} looks like a number a spreadsheet rewrote in "
          "scientific notation (digits are lost); re-export the table with this column formatted as text"
          for i in mangled],
-        f"mangled {column}",
     )  # fmt: skip
     if unique:
         dup = values[values.duplicated(keep=False) & (values != "")]
         problems += listed(
-            [f"{path}, column {column!r}: {value!r} duplicated on lines {[line(i) for i in rows.index]}"
-             for value, rows in dup.groupby(dup, sort=False)],
             f"duplicated {column}",
+            [f"{path}, column {column!r}: {value!r} duplicated on lines {[csv_line(i) for i in rows.index]}"
+             for value, rows in dup.groupby(dup, sort=False)],
         )  # fmt: skip
     return problems
 
@@ -109,8 +98,10 @@ def label_values(table: pd.DataFrame, column: str, path: Path) -> tuple[np.ndarr
     text = table[column].str.strip().str.lower()
     values = np.where(text.isin(POSITIVE), 1.0, np.where(text.isin(NEGATIVE), 0.0, np.nan))
     bad = text.index[~(text.isin(POSITIVE) | text.isin(NEGATIVE) | (text == ""))]
-    problems = [f"{path}, line {line(i)}, column {column!r}: {table.at[i, column]!r} is not 0/1 or empty" for i in bad]
-    return values, listed(problems, f"bad values in {column!r}")
+    problems = [
+        f"{path}, line {csv_line(i)}, column {column!r}: {table.at[i, column]!r} is not 0/1 or empty" for i in bad
+    ]
+    return values, listed(f"bad values in {column!r}", problems)
 
 
 def raise_if(problems: list[str], what: str) -> None:
