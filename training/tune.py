@@ -14,11 +14,11 @@ from hydra.core.hydra_config import HydraConfig
 from mlflow import MlflowClient
 from omegaconf import DictConfig
 
-from training.tracking.session import tracking_uri
+from training.tracking.session import check_reachable, tracking_uri
 from training.tuning.objective import Objective
 from training.tuning.report import log_best, state_counts, write_report
 from training.tuning.space import SearchSpace
-from training.tuning.study import await_parent, build_storage, open_study, parent_run, remaining
+from training.tuning.study import TrialBudget, await_parent, build_storage, open_study, parent_run, remaining
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list[str]], DictConfig]) -> optuna.Study:
     """Open (or resume) the study, run trials until it holds ``tune.trials``, and report into the parent run."""
     space = SearchSpace.from_config(cfg.hparams_search)  # a bad space fails before anything is created
+    check_reachable(tracking_uri(cfg))  # a stopped tracking server fails in seconds, before any trial starts
     study, created = open_study(cfg, build_storage(cfg))
     existing = await_parent(study, created)  # before any MLflow access (see await_parent)
     client = MlflowClient(tracking_uri(cfg))
@@ -41,7 +42,7 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
                 timeout=cfg.tune.timeout,
                 catch=(Exception,),  # a failed trial (diverged, bad combination) is recorded; the study goes on
                 gc_after_trial=True,
-                callbacks=[optuna.study.MaxTrialsCallback(target, states=None),
+                callbacks=[TrialBudget(target),
                            lambda study, trial: log_best(study, client, parent, metric)],
             )  # fmt: skip
         else:

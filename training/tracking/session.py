@@ -3,6 +3,23 @@
 Lightning's ``MLFlowLogger`` does the metric and parameter logging. This module decides *which* run a training
 writes to (a new one, or the unfinished one it resumes), where its working checkpoints live, and when the run is
 declared finished: only after testing and artifact upload succeeded, so a FINISHED run is always complete.
+
+A tracking server that goes away (http(s) tracking URIs only; a local SQLite store cannot):
+
+* **At start** the server's ``/health`` is asked with a short timeout before anything is created, so a wrong
+  URI or a stopped server fails in seconds with :class:`TrackingUnavailable` instead of MLflow's client retrying
+  for minutes.
+* **During fitting** epoch metrics that cannot be sent are buffered, in memory and in
+  ``<checkpoint_dir>/unsent_metrics.json``, and sent, in order, at the first epoch the server answers again.
+  Training never stops for the server.
+* **After fitting** (test metrics, artifacts, the terminal status) the session waits up to
+  ``tracking.reconnect_timeout`` seconds for the server. If it is still gone, the training ends with
+  :class:`TrackingUnavailable` (non-zero exit) naming the run; the run stays RUNNING on the server, its local
+  checkpoints and unsent metrics are kept, and ``resume=<run id>`` once the server is back sends the buffered
+  metrics, tests and finishes the same run.
+
+No secret reaches the run: :func:`redact` blanks config values under secret-looking keys, passwords inside URLs
+and the value of any secret-looking environment variable, in params, tags and ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -11,40 +28,191 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "cxrlt.run_key"
 UNFINISHED = ("RUNNING", "FAILED", "KILLED", "SCHEDULED")
+#: Config keys whose values are secrets, wherever they sit in the config (``db.password``, ``hub.api_key``, ...).
+#: Anchored at the end so ``tokenizer`` or ``max_tokens`` stay readable.
+SECRET_KEY = re.compile(
+    r"(^|[_.-])(pass(word|wd|phrase)?|secret(_key)?|token|api_?key|credentials?|private_key)$", re.I
+)
+#: Environment variables whose values are secrets (``MLFLOW_TRACKING_PASSWORD``, ``PGPASSWORD``, ``HF_TOKEN``).
+SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|TOKEN|SECRET|SECRET_KEY|API_KEY|CREDENTIALS)$", re.I)
+#: ``scheme://user:password@host`` -> ``scheme://user:***@host``.
+URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^@\s/]+(@)")
+REDACTED = "***"
+#: Seconds the ``/health`` probe waits: long enough for a busy server, short enough to fail fast.
+HEALTH_TIMEOUT_S = 5.0
+UNSENT_FILE = "unsent_metrics.json"
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server does not answer; the message names the server, the run (if any) and what to do."""
+
+
+def is_remote(uri: str) -> bool:
+    """Whether ``uri`` is a tracking server (which can go away), not a local store."""
+    return uri.startswith(("http://", "https://"))
+
+
+def server_reachable(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> str | None:
+    """``None`` when ``<uri>/health`` answers 200 within ``timeout``, else why not (for the error message).
+
+    ``/health`` needs no credentials even with basic auth on, so this tells "server gone" apart from "wrong
+    password" (which MLflow's client reports itself, at once, as a 401).
+    """
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
+            return None if response.status == 200 else f"/health answered {response.status}"
+    except urllib.error.HTTPError as error:
+        return f"/health answered {error.code}"
+    except (OSError, ValueError) as error:  # refused, timeout, DNS, malformed URL
+        return str(getattr(error, "reason", error))
+
+
+def check_reachable(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> None:
+    """Fail fast with a clear message when a tracking server ``uri`` does not answer (local stores pass).
+
+    Raises:
+        TrackingUnavailable: the server did not answer its health check within ``timeout`` seconds.
+    """
+    if not is_remote(uri):
+        return
+    reason = server_reachable(uri, timeout)
+    if reason is not None:
+        raise TrackingUnavailable(
+            f"tracking server {redact_text(uri)} is unreachable ({reason}); nothing was logged. Start it "
+            "(`make server`) or point MLFLOW_TRACKING_URI at a running one."
+        )
+
+
+def _secret_env_values() -> list[str]:
+    """Values of secret-looking environment variables (``MLFLOW_TRACKING_PASSWORD``, ``PGPASSWORD``, ...)."""
+    names = (name for name in os.environ if SECRET_ENV.search(name))
+    # Very short values ("1", "true") would blank unrelated text and are no secret anyway.
+    return sorted({os.environ[n] for n in names if len(os.environ[n]) >= 6}, key=len, reverse=True)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with URL passwords and the values of secret environment variables replaced by ``***``."""
+    text = URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<2>", text)
+    for value in _secret_env_values():
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def redact(node, key: str = ""):
+    """A plain config tree with every secret blanked (see :func:`redact_text`); keys like ``password`` too."""
+    if isinstance(node, dict):
+        return {k: redact(v, str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redact(v, key) for v in node]
+    if node not in (None, "") and SECRET_KEY.search(key):
+        return REDACTED
+    return redact_text(node) if isinstance(node, str) else node
 
 
 class RunLogger(MLFlowLogger):
-    """An ``MLFlowLogger`` whose run stays open until the pipeline closes it.
+    """An ``MLFlowLogger`` whose run stays open until the pipeline closes it, and outlives a tracking outage.
 
     Lightning finalises the logger at the end of ``fit`` and again after ``test``; the platform still has to test
     and upload artifacts after ``fit``, so the terminal status is set once, by :meth:`TrackingSession.close`.
+
+    Epoch metrics that cannot reach a tracking server are kept in :attr:`unsent` (and in :attr:`spool`, so a
+    later ``resume`` can send them) and sent first the next time the server answers.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unsent: list = []
+        self.spool: Path | None = None
+        self._outage_logged = False
 
     def finalize(self, status: str = "success") -> None:
         """Ignore Lightning's per-stage finalisation (see class docstring)."""
 
+    @rank_zero_only
     def log_metrics(self, metrics, step=None) -> None:
-        """Log with the epoch as MLflow's step.
+        """Log with the epoch as MLflow's step; buffer instead while a tracking server is unreachable.
 
         The platform logs epoch-level metrics only (step-level values would be re-logged after a resume), so the
         epoch is the natural x axis in the MLflow UI; Lightning's extra ``epoch`` pseudo-metric is dropped.
         """
         metrics = dict(metrics)
         epoch = metrics.pop("epoch", None)
-        super().log_metrics(metrics, int(epoch) if epoch is not None else step)
+        step = int(epoch) if epoch is not None else step
+        if not is_remote(self._tracking_uri or ""):
+            super().log_metrics(metrics, step)
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.unsent.extend(Metric(k, float(v), now, step or 0) for k, v in metrics.items() if not isinstance(v, str))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Send the buffered metrics if the server answers; returns whether nothing is left unsent.
+
+        A failed send is retried at the next call; the buffer is mirrored to :attr:`spool` whenever it is not
+        empty, so even a process killed during the outage leaves its metrics for ``resume``.
+        """
+        if not self.unsent:
+            return True
+        reason = server_reachable(self._tracking_uri)
+        if reason is None:
+            try:
+                for start in range(0, len(self.unsent), 1000):
+                    self.experiment.log_batch(self.run_id, metrics=self.unsent[start : start + 1000])
+            except Exception as error:  # noqa: BLE001 - the server went away between the probe and the send
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if reason is None:
+            if self._outage_logged:
+                log.warning("tracking server back: sent %d buffered metric values of run %s", len(self.unsent),
+                            self.run_id)  # fmt: skip
+            self.unsent.clear()
+            self._outage_logged = False
+            if self.spool is not None:
+                self.spool.unlink(missing_ok=True)
+            return True
+        if not self._outage_logged:
+            log.warning("tracking server %s unreachable (%s): buffering the metrics of run %s; training goes on",
+                        redact_text(self._tracking_uri), reason, self.run_id)  # fmt: skip
+            self._outage_logged = True
+        self.save_unsent()
+        return False
+
+    def save_unsent(self) -> None:
+        """Mirror the buffer to :attr:`spool` (written whole, then renamed, so it is never half a file)."""
+        if self.spool is None:
+            return
+        self.spool.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.spool.with_suffix(".tmp")
+        tmp.write_text(json.dumps([[m.key, m.value, m.timestamp, m.step] for m in self.unsent]))
+        tmp.replace(self.spool)
+
+    def load_unsent(self) -> int:
+        """Put a previous process's unsent metrics (from :attr:`spool`) back in the buffer; returns how many."""
+        if self.spool is None or not self.spool.is_file():
+            return 0
+        from mlflow.entities import Metric
+
+        loaded = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in json.loads(self.spool.read_text())]
+        self.unsent[:0] = loaded
+        return len(loaded)
 
 
 @dataclass
@@ -62,26 +230,71 @@ class TrackingSession:
     run_id: str
     checkpoint_dir: Path
     resume_from: Path | None
+    uri: str = ""
+    reconnect_timeout: float = 300.0
+    #: Set once the server stayed away past ``reconnect_timeout``: the run cannot be closed, only resumed.
+    lost: TrackingUnavailable | None = field(default=None, repr=False)
 
     @property
     def client(self):
         return self.logger.experiment
 
+    def await_server(self) -> None:
+        """Before a post-fit write: wait for the server (up to ``reconnect_timeout``), then send buffered metrics.
+
+        Raises:
+            TrackingUnavailable: the server stayed away; the message names the run and how to resume it.
+        """
+        if not is_remote(self.uri):
+            return
+        if self.lost is not None:
+            raise self.lost
+        deadline = time.monotonic() + self.reconnect_timeout
+        reason = server_reachable(self.uri)
+        if reason is not None:
+            log.warning("tracking server %s unreachable (%s); waiting up to %.0fs for it", redact_text(self.uri),
+                        reason, self.reconnect_timeout)  # fmt: skip
+        while reason is not None or not self.logger.flush():
+            if time.monotonic() > deadline:
+                self.logger.save_unsent()
+                self.lost = TrackingUnavailable(
+                    f"tracking server {redact_text(self.uri)} unreachable for {self.reconnect_timeout:.0f}s "
+                    f"({reason or 'buffered metrics could not be sent'}): run {self.run_id} is left unfinished. "
+                    f"Its checkpoints and unsent metrics were kept in {self.checkpoint_dir}; once the server is "
+                    f"back, finish it with `resume={self.run_id}`."
+                )
+                raise self.lost
+            time.sleep(min(5.0, max(0.5, self.reconnect_timeout / 20)))
+            reason = server_reachable(self.uri)
+
     def log_text(self, text: str, artifact_file: str) -> None:
+        self.await_server()
         self.client.log_text(self.run_id, text, artifact_file)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.await_server()
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
+        self.await_server()
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         """Log final (non-epoch) metrics in MLflow's batch-size chunks."""
+        self.await_server()
         log_metric_batch(self.client, self.run_id, metrics, step)
 
     def close(self, status: str) -> None:
-        """Mark the run FINISHED, FAILED or KILLED; on success drop the local working checkpoints."""
+        """Mark the run FINISHED, FAILED or KILLED; on success drop the local working checkpoints.
+
+        Raises:
+            TrackingUnavailable: the server is gone (see module docstring); the run stays RUNNING and its local
+                checkpoints are kept, so ``resume=<run id>`` can finish it.
+        """
+        if self.lost is not None:
+            log.error("%s", self.lost)
+            raise self.lost
+        self.await_server()
         self.client.set_terminated(self.run_id, status)
         if status == "FINISHED":
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
@@ -97,6 +310,11 @@ def log_metric_batch(client, run_id: str, metrics: dict[str, float], step: int =
         client.log_batch(run_id, metrics=items[start : start + 1000])
 
 
+def reconnect_timeout(cfg: DictConfig) -> float:
+    """Seconds to wait for a vanished tracking server before the post-fit steps give up."""
+    return float(cfg.tracking.get("reconnect_timeout", 300))
+
+
 def tracking_uri(cfg: DictConfig) -> str:
     """``MLFLOW_TRACKING_URI`` wins over the config, so one variable points every run at a team server."""
     return os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.uri
@@ -106,6 +324,7 @@ def run_key(cfg: DictConfig) -> str:
     """Hash of the resolved config without the resume switch: the identity a restart must match to resume."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("resume", None)
+    plain.get("tracking", {}).pop("reconnect_timeout", None)  # how long to wait for a server is not identity
     return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -120,7 +339,10 @@ def git_commit() -> str:
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:
-    """Resolved config as ``{"model.lr": "0.001", ...}``; lists stay whole so label lists read as one param."""
+    """Resolved, redacted config as ``{"model.lr": "0.001", ...}``; lists stay whole so label lists read as one param.
+
+    Redacted (:func:`redact`) because params are readable by everyone with access to the tracking server.
+    """
     out: dict[str, str] = {}
 
     def walk(node, prefix: str) -> None:
@@ -130,8 +352,13 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
         else:
             out[prefix[:-1]] = str(node)
 
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    walk(redact(OmegaConf.to_container(cfg, resolve=True)), "")
     return out
+
+
+def config_yaml(cfg: DictConfig) -> str:
+    """The resolved config as YAML for the ``config.yaml`` artifact, redacted like the params."""
+    return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
 
 
 def _find_resumable(uri: str, experiment_name: str, key: str, checkpoint_root: Path) -> tuple[str, Path] | None:
@@ -162,8 +389,12 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
 
     With ``resume=true`` the newest unfinished run of the same config continues from its ``last.ckpt``; with
     ``resume=<run id>`` that run does. When nothing matches, a new run starts and the log says so.
+
+    Raises:
+        TrackingUnavailable: the tracking server does not answer (checked before anything is created).
     """
     uri = tracking_uri(cfg)
+    check_reachable(uri)
     checkpoint_root = Path(cfg.tracking.checkpoint_root).resolve()
     local_store = uri.startswith(("sqlite:", "file:")) or "://" not in uri
     # A local store gets its artifacts under mlruns/artifacts; a tracking server decides for itself.
@@ -180,7 +411,7 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
             raise FileNotFoundError(f"resume={cfg.resume}: no checkpoint at {last}")
         found = (str(cfg.resume), last)
 
-    run_tags = {**tags, RUN_KEY_TAG: key, "mlflow.source.git.commit": git_commit()}
+    run_tags = {k: redact_text(str(v)) for k, v in {**tags, RUN_KEY_TAG: key, "mlflow.source.git.commit": git_commit()}.items()}  # fmt: skip
     if found:
         run_id, last = found
         logger = RunLogger(tracking_uri=uri, run_id=run_id, experiment_name=cfg.tracking.experiment)
@@ -192,6 +423,11 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
             artifact_location=artifact_location, tags=run_tags,
         )  # fmt: skip
         logger.log_hyperparams(flatten(cfg))
-        logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        logger.experiment.log_text(logger.run_id, config_yaml(cfg), "config.yaml")
         last = None
-    return TrackingSession(logger, logger.run_id, checkpoint_root / logger.run_id, last)
+    session = TrackingSession(logger, logger.run_id, checkpoint_root / logger.run_id, last, uri, reconnect_timeout(cfg))
+    logger.spool = session.checkpoint_dir / UNSENT_FILE
+    if found and logger.load_unsent():  # metrics a previous process could not send before the server went away
+        log.info("sending %d metric values buffered by the previous process of run %s", len(logger.unsent), run_id)
+        session.await_server()
+    return session

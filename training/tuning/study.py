@@ -6,12 +6,19 @@ share it. Trial numbers are assigned by the storage inside its insert transactio
 contiguous however many workers there are.
 
 Budget. ``tune.trials=N`` means "until the study holds N trials", counting every state including trials other
-workers are still running (Optuna's ``MaxTrialsCallback`` with ``states=None``, checked after each trial and once
-before the first). So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two, and two workers stop together.
+workers are still running (checked after each trial and once before the first), except that a failed trial
+replaced by its retry (below) counts once, as its retry. So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two,
+and two workers stop together.
 
 Stopped workers. Storage heartbeats are on: a trial whose worker died (kill -9, lost node) stops beating and is
-marked FAIL by the next worker that starts a trial, and its MLflow run is closed KILLED, so the study never
-waits on a ghost.
+marked FAIL by the next worker that starts or finishes a trial (after ``tune.grace_period`` seconds), its MLflow
+run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` (the ``RetryFailedTrialCallback`` of
+older Optuna) queues the same parameters again as a new trial, up to ``tune.max_retry`` times, which the next
+free worker runs. So the study never waits on a ghost and loses no point of its search.
+
+PostgreSQL. ``tune.storage=postgresql://user@host/db`` (password from ``PGPASSWORD`` or ``~/.pgpass``, or inline,
+which is then redacted wherever the URL is logged or tagged) is how workers on several machines share a study;
+the engine checks pooled connections before use, so a database restart does not fail the next trial.
 
 Parent run. Exactly one per study: the worker whose ``create_study`` inserted the study creates it and stores
 its id in the study's user attributes; the others (``DuplicatedStudyError``, i.e. what ``load_if_exists`` does)
@@ -32,7 +39,7 @@ from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 from sqlalchemy.exc import SQLAlchemyError
 
-from training.tracking.session import git_commit, tracking_uri
+from training.tracking.session import git_commit, redact_text, tracking_uri
 from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG
 
 log = logging.getLogger(__name__)
@@ -41,8 +48,12 @@ PARENT_ATTR = "mlflow_parent_run_id"
 KIND_TAG = "cxrlt.kind"
 STUDY_KIND = "tuning-study"
 #: Extra engine settings per database scheme. SQLite: wait for a writer rather than fail at once when several
-#: workers share the file.
-ENGINE_KWARGS = {"sqlite": {"connect_args": {"timeout": 60}}}
+#: workers share the file. PostgreSQL: test a pooled connection before use (a restarted database or a dropped
+#: idle connection would otherwise fail the next query) and give up connecting after 10 s, not the OS default.
+ENGINE_KWARGS = {
+    "sqlite": {"connect_args": {"timeout": 60}},
+    "postgresql": {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
+}
 STORAGE_ATTEMPTS = 5
 
 
@@ -55,23 +66,24 @@ def storage_url(url: str) -> str:
 
 
 def redacted(url: str) -> str:
-    """The URL without a password, for tags and logs."""
-    parts = urlsplit(url)
-    return url.replace(f":{parts.password}@", ":***@") if parts.password else url
+    """The URL without a password (or any secret environment value), for tags and logs."""
+    return redact_text(url)
 
 
 def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
-    """RDB storage with heartbeats; a dead worker's trials are failed and their MLflow runs closed."""
+    """RDB storage with heartbeats; a dead worker's trials are failed, their MLflow runs closed, and retried."""
     url = storage_url(str(cfg.tune.storage))
     uri = tracking_uri(cfg)
+    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=int(cfg.tune.get("max_retry", 1)))
 
     def close_ghost_run(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         run_id = trial.user_attrs.get(RUN_ATTR)
-        log.warning("trial %d stopped beating (worker gone); marked FAIL", trial.number)
+        log.warning("trial %d stopped beating (worker gone); marked FAIL and queued again", trial.number)
         if run_id:
             client = MlflowClient(uri)
             client.set_tag(run_id, STATE_TAG, "FAIL")
             client.set_terminated(run_id, "KILLED")
+        retry(study, trial)
 
     # Workers started together on a fresh database race to create its tables; the loser sees "table already
     # exists" (or a lock) and simply connects again once the winner is done.
@@ -89,7 +101,7 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
         except SQLAlchemyError as error:
             if attempt + 1 == STORAGE_ATTEMPTS:
                 raise
-            log.info("storage not ready (%s); retrying", str(error).splitlines()[0])
+            log.info("storage not ready (%s); retrying", redact_text(str(error).splitlines()[0]))
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
 
@@ -169,6 +181,34 @@ def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client:
     return run_id
 
 
+def budget_count(study: optuna.Study) -> int:
+    """Trials that count against ``tune.trials``: all states, running and queued ones included, except failed
+    trials that a retry replaced (the retry counts instead)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials if (n := t.system_attrs.get("failed_trial")) is not None}
+    history = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return len(trials) - len(retried | history)
+
+
 def remaining(study: optuna.Study, target: int) -> int:
-    """Trials still to start before the study holds ``target`` (all states count, running ones included)."""
-    return max(0, target - len(study.get_trials(deepcopy=False)))
+    """Trials still to start before the study holds ``target`` (see :func:`budget_count`)."""
+    return max(0, target - budget_count(study))
+
+
+class TrialBudget:
+    """Stop this worker once the study holds ``target`` trials (Optuna's ``MaxTrialsCallback`` plus retries).
+
+    Stale trials are failed first (Optuna's ``fail_stale_trials``), so a dead worker's trial is queued again
+    before the count is taken; and a worker never stops while a queued (WAITING) retry is left for it to run.
+    """
+
+    def __init__(self, target: int):
+        self.target = target
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if not waiting and budget_count(study) >= self.target:
+            study.stop()
