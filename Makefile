@@ -10,7 +10,7 @@ PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score tune register serve submit benchmark ui test test-realdata test-slow lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune register serve submit benchmark ui server test test-realdata test-slow test-server lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -76,6 +76,14 @@ benchmark: setup ## Benchmark a model: make benchmark NAME=pneumonia MODEL=<run 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)
 
+HOST ?= 127.0.0.1
+PG_PORT ?= 5432
+SERVER_DIR ?= mlruns/server
+server: setup ## Team tracking server: PostgreSQL + basic auth + served artifacts: MLFLOW_ADMIN_PASSWORD=... make server [HOST=127.0.0.1] [PORT=5000] [PG_PORT=5432] [DATABASE_URL=postgresql://mlflow@db-host/mlflow]
+	@test -n "$$MLFLOW_ADMIN_PASSWORD" || { echo "make server: export MLFLOW_ADMIN_PASSWORD (the admin's password; never put it in a file of the repository)" >&2; exit 2; }
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m training.tracking.server --host $(HOST) --port $(PORT) --pg-port $(PG_PORT) \
+		--dir $(SERVER_DIR) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)')
+
 test: setup ## Fast default test suite (no slow, real-data or GPU tests)
 	$(PY) -m pytest
 
@@ -84,6 +92,9 @@ test-realdata: setup ## Tests on the real radiographs in ../shared/data
 
 test-slow: setup ## Slow tests (full-size training runs)
 	$(PY) -m pytest -m slow
+
+test-server: setup ## Team-server tests: throwaway PostgreSQL + mlflow server with auth, tuning workers, outages
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -m server
 
 lint: setup ## Ruff lint and format check
 	$(VENV)/bin/ruff check .

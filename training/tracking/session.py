@@ -182,7 +182,7 @@ class RunLogger(MLFlowLogger):
         if reason is None:
             if self._outage_logged:
                 log.warning("tracking server back: sent %d buffered metric values of run %s", len(self.unsent),
-                            self.run_id)  # fmt: skip
+                            self._run_id)  # fmt: skip
             self.unsent.clear()
             self._outage_logged = False
             if self.spool is not None:
@@ -190,7 +190,7 @@ class RunLogger(MLFlowLogger):
             return True
         if not self._outage_logged:
             log.warning("tracking server %s unreachable (%s): buffering the metrics of run %s; training goes on",
-                        redact_text(self._tracking_uri), reason, self.run_id)  # fmt: skip
+                        redact_text(self._tracking_uri), reason, self._run_id)  # fmt: skip
             self._outage_logged = True
         self.save_unsent()
         return False
