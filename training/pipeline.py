@@ -8,16 +8,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import lightning.pytorch as L
-import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.evaluate import evaluate, store
+from training.checkpoint_io import AtomicCheckpointIO
 from training.components import build_component
 from training.data.datamodule import CXRDataModule
+from training.distributed import forget_shared, process_of, share_from_rank_zero
 from training.models.module import MultiLabelClassifier
-from training.tracking.session import TrackingSession, open_session
+from training.tracking.session import TrackingSession, open_session, tracking_uri
 from training.zeroshot.leak_guard import guard_unseen
 from training.zeroshot.report import report_unseen
 
@@ -77,6 +79,9 @@ def run_training(
     run ends FINISHED only once test metrics, predictions and the checkpoint are stored; an error marks it
     FAILED and an interrupt KILLED, and either can be resumed with ``resume=true``.
 
+    Under DDP (``trainer=ddp``) every process runs this function; only rank 0 opens, logs to and closes the run,
+    tests and uploads (see :mod:`training.distributed`), the other ranks train and return once ``fit`` ends.
+
     Args:
         cfg: the resolved ``train`` config.
         callbacks: extra Lightning callbacks (a tuning trial adds Optuna's pruning callback).
@@ -85,11 +90,55 @@ def run_training(
             pruned run KILLED rather than FAILED).
     """
     L.seed_everything(cfg.seed, workers=True)
+    # Its folder is the run's, set below once rank 0 has opened the run.
+    checkpoint = ModelCheckpoint(
+        filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode, save_top_k=1, save_last=True,
+        enable_version_counter=False, save_on_train_epoch_end=True,
+    )  # fmt: skip
+    # Built before the run exists: its strategy says which process this is. The logger is attached on rank 0 only.
+    trainer = L.Trainer(
+        **cfg.trainer, logger=False, callbacks=[checkpoint, *callbacks], plugins=[AtomicCheckpointIO()],
+        default_root_dir=cfg.tracking.checkpoint_root,
+    )  # fmt: skip
+    process = process_of(trainer)
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")
+    stage = build_component(cfg.stage)
+    sessions: list[TrackingSession] = []
+
+    def open_run() -> dict:  # rank 0 only
+        session = open_session(cfg, {**_run_tags(cfg, datamodule), **stage.tags(), **(extra_tags or {})})
+        sessions.append(session)
+        resume = str(session.resume_from) if session.resume_from else None
+        return {"run_id": session.run_id, "checkpoint_dir": str(session.checkpoint_dir), "resume_from": resume}
+
+    run = share_from_rank_zero(trainer, process, open_run)
+    checkpoint.dirpath = run["checkpoint_dir"]
+    if not process.is_zero:  # trains its share, logs nothing; cRT may still read the parent run's checkpoint
+        try:
+            _fit(cfg, trainer, datamodule, stage, MlflowClient(tracking_uri(cfg)), run["resume_from"])
+        finally:
+            forget_shared()
+        return run["run_id"]
+    (session,) = sessions
+    trainer.logger = session.logger
+    try:
+        model = _fit(cfg, trainer, datamodule, stage, session.client, run["resume_from"])
+        _test(cfg, model, datamodule, session, checkpoint)
+    except BaseException as error:
+        session.close(status_on_error(error))
+        raise
+    finally:
+        forget_shared()
+    session.close("FINISHED")
+    log.info("run %s finished; compare it with `make ui`", session.run_id)
+    return session.run_id
+
+
+def _run_tags(cfg: DictConfig, datamodule: CXRDataModule) -> dict[str, str]:
     manifest = datamodule.manifest
-    tags = {
+    return {
         "task": cfg.task.name,
         "data_source": datamodule.source.name,
         "dataset_fingerprint": manifest.fingerprint,
@@ -97,39 +146,23 @@ def run_training(
         **getattr(datamodule.source, "run_tags", {}),  # the leak guard's record of dropped label columns
         **{f"cxrlt.{key}": str(value) for key, value in (cfg.get("tags") or {}).items()},
     }
-    stage = build_component(cfg.stage)
-    session = open_session(cfg, {**tags, **stage.tags(), **(extra_tags or {})})
-    try:
-        _fit_and_test(cfg, datamodule, session, stage, callbacks)
-    except BaseException as error:
-        session.close(status_on_error(error))
-        raise
-    session.close("FINISHED")
-    log.info("run %s finished; compare it with `make ui`", session.run_id)
-    return session.run_id
 
 
-def _fit_and_test(
-    cfg: DictConfig, datamodule: CXRDataModule, session: TrackingSession, stage, callbacks: Sequence[L.Callback] = ()
-) -> None:
+def _fit(cfg: DictConfig, trainer: L.Trainer, datamodule: CXRDataModule, stage, client, resume_from: str | None):
     model = build_model(cfg)
-    stage.prepare(model, session.client)  # on resume the weights then come from last.ckpt; freezing still holds
-    checkpoint = ModelCheckpoint(
-        dirpath=session.checkpoint_dir, filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
-        save_top_k=1, save_last=True, enable_version_counter=False, save_on_train_epoch_end=True,
-    )  # fmt: skip
-    trainer = L.Trainer(
-        **cfg.trainer,
-        logger=session.logger,
-        callbacks=[checkpoint, *callbacks],
-        default_root_dir=session.checkpoint_dir,
-    )
-    trainer.fit(model, datamodule=datamodule, ckpt_path=session.resume_from)
+    stage.prepare(model, client)  # on resume the weights then come from last.ckpt; freezing still holds
+    trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
     if trainer.interrupted:
         raise KeyboardInterrupt("training was interrupted")
+    return model
 
+
+def _test(
+    cfg: DictConfig, model: MultiLabelClassifier, datamodule: CXRDataModule, session: TrackingSession, checkpoint
+) -> None:
+    """Rank 0 alone: the best checkpoint on the whole test split in one process, then the artifacts."""
     best = Path(checkpoint.best_model_path)
-    state = torch.load(best, map_location="cpu", weights_only=True)
+    state = AtomicCheckpointIO().load_checkpoint(best, map_location="cpu")
     model.load_state_dict(state["state_dict"])
     # The monitored value of the kept checkpoint, beside the per-epoch series: what `make register` ranks by.
     best_score = (
@@ -138,11 +171,10 @@ def _fit_and_test(
         else {}
     )
     session.log_metrics({"best_epoch": state["epoch"], **best_score})
-    if trainer.is_global_zero:
-        evaluation = evaluate(model, datamodule, cfg)
-        with tempfile.TemporaryDirectory() as tmp:
-            store(evaluation, session.log_metrics, session.log_artifacts, Path(tmp), cfg.evaluation.plots)
-        log.info("test/mAP %.4f [%.4f, %.4f] (prevalence baseline %.4f)", *(evaluation.metrics.get(k, float("nan"))
-                 for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/prevalence_baseline_mAP")))  # fmt: skip
-        report_unseen(model, datamodule, cfg, session)  # zero-shot tasks only: test_unseen/...
-        session.log_artifact(best, "checkpoints")
+    evaluation = evaluate(model, datamodule, cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        store(evaluation, session.log_metrics, session.log_artifacts, Path(tmp), cfg.evaluation.plots)
+    log.info("test/mAP %.4f [%.4f, %.4f] (prevalence baseline %.4f)", *(evaluation.metrics.get(k, float("nan"))
+             for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/prevalence_baseline_mAP")))  # fmt: skip
+    report_unseen(model, datamodule, cfg, session)  # zero-shot tasks only: test_unseen/...
+    session.log_artifact(best, "checkpoints")

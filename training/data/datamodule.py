@@ -15,6 +15,7 @@ from training.data.findings import KNOWN_FINDINGS
 from training.data.manifest import Manifest, load_manifest
 from training.data.transforms import build_transform
 from training.samplers.base import SamplingStrategy
+from training.samplers.distributed import EvalShardSampler, TrainShardSampler
 
 log = logging.getLogger(__name__)
 
@@ -137,16 +138,35 @@ class CXRDataModule(L.LightningDataModule):
         """Manifest rows of a split, cut like its dataset, for writing predictions."""
         return self.manifest.split(split).iloc[: len(self.datasets[split])]
 
+    def _processes(self) -> tuple[int, int]:
+        """``(world size, rank)`` of the Trainer using this module; ``(1, 0)`` outside one (evaluation, tests)."""
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
     def train_dataloader(self) -> DataLoader:
+        """The strategy's sampler; under DDP each rank gets a disjoint, equal share of the same epoch draw."""
         dataset = self.datasets["train"]
         sampler = self.sampler.build(dataset.targets.numpy(), self.seed) if self.sampler else None
+        world, rank = self._processes()
+        if world > 1:
+            length = len(sampler) if sampler is not None else len(dataset)
+            sampler = TrainShardSampler(sampler, length, world, rank, seed=self.seed)
         return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self.eval_dataloader("val")
+        return self._trainer_eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self.eval_dataloader("test")
+        return self._trainer_eval_loader("test")
+
+    def _trainer_eval_loader(self, split: str) -> DataLoader:
+        """A split for the Trainer's loops; under DDP each rank reads its unpadded share, so synced metrics see
+        every image exactly once. (The final evaluation reads whole splits on rank 0 through :meth:`eval_dataloader`.)
+        """
+        world, rank = self._processes()
+        if world > 1:
+            return self._loader(self.datasets[split], sampler=EvalShardSampler(len(self.datasets[split]), world, rank))
+        return self.eval_dataloader(split)
 
     def eval_dataloader(self, split: str) -> DataLoader:
         """Un-augmented, un-shuffled loader over a split, in manifest order."""

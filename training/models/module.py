@@ -26,6 +26,10 @@ from training.models.schedule import warmup_cosine
 # A class without positives in a (small) validation split is expected in the tail; LabelCounts leaves it out of
 # the macro means as the challenge does, so torchmetrics' per-epoch warning about it is noise.
 warnings.filterwarnings("ignore", message="No positive samples", module="torchmetrics")
+# Under DDP every epoch value logged here is already global (torchmetrics syncs its states across ranks in
+# ``compute``; the learning rate is the same everywhere), so Lightning's advice to add ``sync_dist=True`` would
+# only average identical numbers at the cost of a collective per key.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\(")
 
 
 class OneLabel(WrapperMetric):

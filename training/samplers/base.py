@@ -9,8 +9,9 @@ from torch.utils.data import Sampler
 class SamplingStrategy:
     """Builds the training sampler from the training labels.
 
-    Returning ``None`` means plain shuffling, which Lightning turns into a ``DistributedSampler`` under DDP by
-    itself; strategies that return a sampler must give each rank a disjoint share themselves.
+    Returning ``None`` means plain shuffling. Under DDP the data module shares either out between ranks
+    (:class:`training.samplers.distributed.TrainShardSampler`), so a strategy only has to draw the same list on
+    every rank for the same ``(seed, epoch)`` and report its length.
     """
 
     def build(self, targets: np.ndarray, seed: int) -> Sampler | None:

@@ -12,12 +12,10 @@ class EpochDrawSampler(Sampler[int]):
     """A sampler whose epoch is a seeded draw: ``draw(rng)`` returns this epoch's global index list.
 
     Determinism: the draw of epoch ``e`` depends only on ``(seed, e)``, so a resumed run repeats the draws it
-    would have made. Lightning calls :meth:`set_epoch` each epoch on one device.
-
-    Under DDP, Lightning wraps a custom sampler in its ``DistributedSamplerWrapper``, which iterates this sampler
-    on every rank and gives each rank a disjoint slice of the same list. That wrapper does not forward
-    ``set_epoch``, so each iteration also advances the epoch by itself: every rank iterates the same number of
-    times, draws the same list, and the slices stay disjoint.
+    would have made, and under DDP every rank draws the same list. Lightning calls :meth:`set_epoch` each epoch
+    (through :class:`training.samplers.distributed.TrainShardSampler` under DDP, which hands each rank a disjoint
+    share of the list); each iteration also advances the epoch by itself, so a caller that never sets the epoch
+    still gets a fresh draw per pass.
     """
 
     def __init__(self, seed: int):

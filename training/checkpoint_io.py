@@ -1,0 +1,86 @@
+"""Checkpoint files that survive a kill mid-write and never unpickle arbitrary objects.
+
+``last.ckpt`` is what a killed training resumes from (``resume=true``), and it is rewritten every epoch. Lightning's
+``TorchCheckpointIO`` truncates the file and writes it in place, so a process killed during that write (a lost
+node, an OOM kill, a pre-empted SLURM job) leaves a torn file and the run can no longer resume. Writing a temporary
+file in the same folder, flushing it to disk and renaming it over the old one makes the swap all-or-nothing: a
+reader sees either the previous checkpoint or the new one.
+
+Loading is restricted to tensors and plain containers (``torch.load(weights_only=True)``) whatever the caller asks:
+a checkpoint folder on shared storage is writable by more people than the code is, and unpickling runs code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
+
+TEMP_SUFFIX = ".partial"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` with write-to-temporary, fsync, rename saves and weights-only loads.
+
+    Remote paths (``s3://`` and other fsspec URLs) have no atomic rename; they fall back to Lightning's writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        if not _is_local_file_protocol(str(path)):
+            super().save_checkpoint(checkpoint, path)
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Same folder as the target: os.replace is only atomic within one file system.
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMP_SUFFIX)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                torch.save(checkpoint, stream)
+                stream.flush()
+                os.fsync(stream.fileno())  # the bytes are on disk before the name points at them
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_folder(target.parent)  # and the rename itself survives a power cut
+
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        """Load with ``weights_only=True``; an explicit ``weights_only=False`` is refused rather than obeyed.
+
+        Lightning's ``fit(ckpt_path=...)`` passes ``weights_only=None``, which leaves the choice to torch's default
+        (and to the ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` variable); the platform does not leave it open.
+
+        Raises:
+            ValueError: ``weights_only=False`` was requested.
+            pickle.UnpicklingError: the file holds objects other than tensors and plain containers.
+        """
+        if weights_only is False:
+            raise ValueError(
+                f"refusing to unpickle {path} with weights_only=False: platform checkpoints hold tensors and plain "
+                "containers only"
+            )
+        where = {} if map_location is None else {"map_location": map_location}  # None: Lightning's default
+        return super().load_checkpoint(path, weights_only=True, **where)
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the file itself is already synced
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        log.debug("fsync of folder %s not supported", folder)
+    finally:
+        os.close(descriptor)
