@@ -74,7 +74,9 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
     """RDB storage with heartbeats; a dead worker's trials are failed, their MLflow runs closed, and retried."""
     url = storage_url(str(cfg.tune.storage))
     uri = tracking_uri(cfg)
-    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=int(cfg.tune.get("max_retry", 1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=int(cfg.tune.get("max_retry", 1)))
 
     def close_ghost_run(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         run_id = trial.user_attrs.get(RUN_ATTR)
