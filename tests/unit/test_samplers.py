@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
-from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from scipy.stats import chisquare
+from torch.utils.data import DistributedSampler
 
 from training.samplers.class_aware import ClassAwareSampler, ClassAwareSampling
+from training.samplers.distributed import EvalShardSampler, TrainShardSampler
 from training.samplers.repeat_factor import RepeatFactorSampler, repeat_factors
 
 
@@ -64,29 +65,71 @@ def test_repeat_factor_sampler_repeats_in_expectation():
     assert list(twin) == list(sampler)
 
 
-@pytest.mark.parametrize("make", [lambda t: ClassAwareSampler(t, 401, seed=3),
+@pytest.mark.parametrize("make", [lambda t: None,
+                                  lambda t: ClassAwareSampler(t, 401, seed=3),
                                   lambda t: RepeatFactorSampler(t, threshold=0.3, seed=3)])  # fmt: skip
 def test_ranks_get_disjoint_shares_of_one_draw(long_tailed, make):
-    """Under DDP Lightning wraps a custom sampler in DistributedSamplerWrapper; each rank builds its own copy."""
+    """Each rank builds its own sampler (as each DDP process does); together they deal out one epoch's draw."""
     world = 2
-    ranks = [DistributedSamplerWrapper(make(long_tailed), num_replicas=world, rank=r, shuffle=True, seed=7)
-             for r in range(world)]  # fmt: skip
-    reference = make(long_tailed)
+    length = len(make(long_tailed) or long_tailed)
+    ranks = [TrainShardSampler(make(long_tailed), length, world, rank, seed=7) for rank in range(world)]
+    draws = []
     for epoch in range(3):
-        reference.set_epoch(epoch)
-        draw = list(reference)
         shares = []
-        for wrapped in ranks:
-            wrapped.set_epoch(epoch)
-            shares.append(list(wrapped))
-        assert len(shares[0]) == len(shares[1]) == -(-len(draw) // world)
-        # Together the ranks cover the epoch's draw exactly once (DistributedSampler pads odd lengths by one).
-        combined = sorted(shares[0] + shares[1])
-        assert len(combined) - len(draw) == len(draw) % world
-        remaining = list(combined)
-        for index in draw:
-            remaining.remove(index)
-        assert len(remaining) == len(draw) % world
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+            shares.append(list(sampler))
+        reference = ranks[0].epoch_order()  # the whole draw, as any rank computes it
+        assert len(shares[0]) == len(shares[1]) == len(ranks[0]) == length // world  # same step count per rank
+        # Interleaving the shares gives back the draw position by position: disjoint, nothing repeated, and only
+        # the odd last draw is left out.
+        dealt = [index for pair in zip(*shares, strict=True) for index in pair]
+        assert dealt == reference[: length - length % world]
+        draws.append(reference)
+    assert draws[0] != draws[1] != draws[2]  # a fresh draw each epoch
+    if make(long_tailed) is None:  # plain shuffling: a permutation, so the shares are disjoint sets of images
+        assert sorted(draws[0]) == list(range(length))
+        assert not set(shares[0]) & set(shares[1])
+
+
+@pytest.mark.parametrize("make", [lambda t: ClassAwareSampler(t, 401, seed=3),
+                                  lambda t: RepeatFactorSampler(t, threshold=0.3, seed=3)])  # fmt: skip
+def test_shared_draw_is_the_single_process_draw(long_tailed, make):
+    """Sharding changes who sees a draw, not the draw: the epoch order is the sampler's own."""
+    single = make(long_tailed)
+    sharded = TrainShardSampler(make(long_tailed), len(single), 2, 1, seed=0)
+    for epoch in (0, 4):
+        single.set_epoch(epoch)
+        sharded.set_epoch(epoch)
+        assert list(sharded) == list(single)[1 : len(single) - len(single) % 2 : 2]
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 81, 160])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_eval_shards_cover_every_image_exactly_once(length, world):
+    if length < world:
+        with pytest.raises(ValueError, match="cannot be shared"):
+            EvalShardSampler(length, world, 0)
+        return
+    shares = [list(EvalShardSampler(length, world, rank)) for rank in range(world)]
+    assert sorted(index for share in shares for index in share) == list(range(length))  # no padding, no drop
+    assert [len(EvalShardSampler(length, world, rank)) for rank in range(world)] == [len(s) for s in shares]
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_shard_samplers_reject_a_rank_outside_the_world():
+    with pytest.raises(ValueError, match="rank 2 is not one of 2"):
+        EvalShardSampler(10, 2, 2)
+    with pytest.raises(ValueError, match="rank -1 is not one of 2"):
+        TrainShardSampler(None, 10, 2, -1)
+    with pytest.raises(ValueError, match="cannot be shared by 4"):
+        TrainShardSampler(None, 3, 4, 0)
+
+
+def test_lightning_leaves_the_shard_samplers_in_place():
+    """Lightning only injects its (padding) DistributedSampler where a loader's sampler is not one already."""
+    assert isinstance(EvalShardSampler(5, 2, 0), DistributedSampler)
+    assert isinstance(TrainShardSampler(None, 5, 2, 0), DistributedSampler)
 
 
 def test_repeat_factor_epoch_length_is_fixed():

@@ -76,14 +76,11 @@ class TrainShardSampler(DistributedSampler):
         self.num_samples = length // num_replicas
         self.total_size = self.num_samples * num_replicas
 
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        if self.source is not None and hasattr(self.source, "set_epoch"):
-            self.source.set_epoch(epoch)
-
     def epoch_order(self) -> list[int]:
-        """This epoch's whole draw, the same on every rank."""
+        """This epoch's whole draw, the same on every rank (and on every call: the epoch is set, not advanced)."""
         if self.source is not None:
+            if hasattr(self.source, "set_epoch"):
+                self.source.set_epoch(self.epoch)
             return list(self.source)
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
