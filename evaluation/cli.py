@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -15,15 +16,31 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation.evaluate import evaluate, store
 from training.pipeline import build_datamodule, build_model
 from training.tracking.session import log_metric_batch
+from training.zeroshot.report import report_unseen
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class FinishedRun:
+    """Writes into an existing run through a plain client (the part of ``TrackingSession`` reports use)."""
+
+    client: MlflowClient
+    run_id: str
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        log_metric_batch(self.client, self.run_id, metrics)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
 
 
 def evaluate_run(run_id: str, evaluation_cfg: DictConfig, tta_cfg: DictConfig, tracking_uri: str) -> dict[str, float]:
     """Rebuild a run's data and model from its ``config.yaml`` and best checkpoint, evaluate, log into the run.
 
     The run's own data config is reused, so it is judged on exactly the data it was trained for; the
-    evaluation and TTA settings come from the command line.
+    evaluation and TTA settings come from the command line. A zero-shot run (``task.unseen``) gets its
+    unseen-class report again too, with the transfer its checkpoint chose on validation.
     """
     client = MlflowClient(tracking_uri)
     run = client.get_run(run_id)
@@ -50,8 +67,9 @@ def evaluate_run(run_id: str, evaluation_cfg: DictConfig, tta_cfg: DictConfig, t
             Path(tmp),
             cfg.evaluation.plots,
         )
+    unseen = report_unseen(model, datamodule, cfg, FinishedRun(client, run_id))
     client.set_tag(run_id, "cxrlt.evaluation", OmegaConf.to_yaml(cfg.evaluation, resolve=True)[:5000])
-    return result.metrics
+    return {**result.metrics, **unseen}
 
 
 @hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")

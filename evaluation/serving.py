@@ -12,6 +12,10 @@ Requests are a DataFrame with one image per row, either ``image`` (a file path r
 
     {"dataframe_split": {"columns": ["image"], "data": [["/data/cxr/0001.png"]]}}
 
+A zero-shot run (``task.unseen``, an adapter from ``configs/adapter``) is served with its seen *and* unseen
+classes, the unseen ones scored by the transfer its checkpoint chose on validation; its submissions default to
+the unseen columns, which is what CXR-LT Task 2 asks for.
+
 The code is loaded from the installed ``cxrlt-lab`` package (``--env-manager local`` in the project's
 environment), not copied into the model: a copy would shadow the package and drift from it.
 """
@@ -30,10 +34,12 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
+from hydra.utils import get_class
 from mlflow import MlflowClient
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
 from omegaconf import OmegaConf
+from torch import nn
 
 from evaluation.thresholds import select_thresholds
 from evaluation.tta import TTAPredictor
@@ -47,6 +53,32 @@ MAGIC_SUFFIXES: dict[bytes, str] = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg",
 DICOM_MAGIC = (128, b"DICM")
 
 
+class SeenAndUnseen(nn.Module):
+    """A zero-shot model as one network: ``(B, C + U)`` logits, the seen classes then the unseen ones."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.model(images), self.model.unseen_logits(images)], dim=1)
+
+
+def build_network(spec: dict, state_dict: dict) -> nn.Module:
+    """The run's network with its weights, in eval mode: the plain classifier, or the adapter with its unseen
+    classes appended to the output (``spec["adapter_cfg"]``)."""
+    model_cfg = {**spec["model_cfg"], "pretrained": False}  # the weights come from the run, never the network
+    adapter = spec.get("adapter_cfg") or {}
+    if adapter.get("_target_"):
+        model = get_class(adapter["_target_"])(model_cfg, spec["loss_cfg"], spec["labels"], adapter_cfg=adapter,
+                                               unseen=list(spec.get("unseen") or []))  # fmt: skip
+    else:
+        model = MultiLabelClassifier(model_cfg, spec["loss_cfg"], spec["labels"])
+    model.load_state_dict(state_dict)
+    model.eval()
+    return SeenAndUnseen(model).eval() if spec.get("unseen") else model
+
+
 class RequestError(ValueError):
     """A scoring request that cannot be read; the message names the row and the column."""
 
@@ -56,38 +88,46 @@ class Scorer:
     """A trained network plus the preprocessing it was trained with.
 
     Attributes:
-        model: the ``MultiLabelClassifier`` with the run's best weights, in eval mode.
+        model: the network with the run's best weights, in eval mode (a ``MultiLabelClassifier``, or
+            ``SeenAndUnseen`` around a zero-shot adapter).
         image_size: square side images are decoded to (the run's ``data.image_size``).
-        labels: output label names, in column order.
+        labels: output label names, in column order (a zero-shot run: the seen classes, then the unseen ones).
         thresholds: per-class thresholds chosen on validation (F1-maximising), or None.
         run_id: the MLflow run the weights come from.
         resize: how the run made its images square (``data.resize``: pad, crop or stretch); serving must do the
             same, or a model trained on padded radiographs would be shown stretched ones.
+        spec_extra: what rebuilds the network beyond the plain classifier (``adapter_cfg``, ``unseen``).
     """
 
-    model: MultiLabelClassifier
+    model: nn.Module
     image_size: int
     labels: list[str]
     thresholds: list[float] | None = None
     run_id: str | None = None
     resize: str = "stretch"
+    spec_extra: dict | None = None
+
+    @property
+    def submission_labels(self) -> list[str]:
+        """The columns a default submission holds: a zero-shot run's unseen classes (Task 2), else every label."""
+        return list((self.spec_extra or {}).get("unseen") or self.labels)
 
     @classmethod
     def from_spec(cls, spec: dict, state_dict: dict) -> Scorer:
         """Rebuild from the JSON spec and weights stored with a registered model (no download: pretrained off)."""
-        model_cfg = {**spec["model_cfg"], "pretrained": False}  # the weights come from the run, never the network
-        model = MultiLabelClassifier(model_cfg, spec["loss_cfg"], spec["labels"])
-        model.load_state_dict(state_dict)
-        model.eval()
-        return cls(model, int(spec["image_size"]), list(spec["labels"]), spec.get("thresholds"), spec.get("run_id"),
-                   spec.get("resize", "stretch"))  # fmt: skip
+        extra = {key: spec[key] for key in ("adapter_cfg", "unseen") if spec.get(key)}
+        labels = list(spec["labels"]) + list(extra.get("unseen", []))
+        return cls(build_network(spec, state_dict), int(spec["image_size"]), labels, spec.get("thresholds"),
+                   spec.get("run_id"), spec.get("resize", "stretch"), extra or None)  # fmt: skip
 
     def spec(self) -> dict:
         """The JSON-able description :meth:`from_spec` rebuilds from (weights apart)."""
-        hparams = self.model.hparams
-        return {"run_id": self.run_id, "image_size": self.image_size, "resize": self.resize, "labels": self.labels,
+        extra = self.spec_extra or {}
+        hparams = (self.model.model if isinstance(self.model, SeenAndUnseen) else self.model).hparams
+        seen = self.labels[: len(self.labels) - len(extra.get("unseen", []))]
+        return {"run_id": self.run_id, "image_size": self.image_size, "resize": self.resize, "labels": seen,
                 "thresholds": self.thresholds, "model_cfg": dict(hparams["model_cfg"]),
-                "loss_cfg": dict(hparams["loss_cfg"]), "normalisation": {"mean": GRAY_MEAN, "std": GRAY_STD}}  # fmt: skip
+                "loss_cfg": dict(hparams["loss_cfg"]), "normalisation": {"mean": GRAY_MEAN, "std": GRAY_STD}, **extra}  # fmt: skip
 
     def tensors(self, images: np.ndarray) -> torch.Tensor:
         """``(N, H, W)`` uint8 -> ``(N, 1, H, W)`` float through the evaluation transform used in training."""
@@ -118,6 +158,9 @@ def scorer_from_run(client: MlflowClient, run_id: str) -> Scorer:
             "labels": list(cfg.task.labels),
             "thresholds": thresholds, "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
             "loss_cfg": OmegaConf.to_container(cfg.loss, resolve=True)}  # fmt: skip
+    adapter = OmegaConf.to_container(cfg.adapter, resolve=True) if cfg.get("adapter") else {}
+    if adapter.get("_target_"):
+        spec.update(adapter_cfg=adapter, unseen=list(cfg.task.get("unseen") or []))
     return Scorer.from_spec(spec, state["state_dict"])
 
 
@@ -216,6 +259,7 @@ def example_request(size: int) -> pd.DataFrame:
 def save_artifacts(scorer: Scorer, folder: Path) -> dict[str, str]:
     """Write the weights (``state_dict`` only, no optimiser state) and the JSON spec; returns pyfunc artifacts."""
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(scorer.model.state_dict(), folder / "weights.pt")
+    network = scorer.model.model if isinstance(scorer.model, SeenAndUnseen) else scorer.model  # as trained
+    torch.save(network.state_dict(), folder / "weights.pt")
     (folder / "spec.json").write_text(json.dumps(scorer.spec(), indent=1, default=str))
     return {"weights": str(folder / "weights.pt"), "spec": str(folder / "spec.json")}

@@ -112,7 +112,7 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
     root = root or manifest.parent
     template = Template.read(template_path) if template_path else None
     rows = rows_to_predict(manifest, None if template else split, template.ids if template else None)
-    template = template or Template.default(labels, rows["image_id"].tolist())
+    template = template or Template.default(members[0].submission_labels, rows["image_id"].tolist())
     predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
     log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
     probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor)

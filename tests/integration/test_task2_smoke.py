@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import mlflow.pyfunc
+import numpy as np
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
 from tests.benchmark_data import TINY_CLIP
 from tests.conftest import train_command
-from training.data.findings import TASK2_LABELS
+from training.data.findings import TASK1_LABELS, TASK2_LABELS
+from training.data.label_names import canonical_name
 
 MACRO_KEYS = ("mAP", "mAUROC", "mF1", "mECE")
 
@@ -92,3 +96,58 @@ def test_clip_adapter_trains_and_reports_through_the_same_command(task2_runs):
     assert {"test_unseen/mAUROC", "test_unseen/source/centre_b/mAP_ci_low", "val/proxy_ood_mAP", "train/loss"} <= set(
         metrics
     )
+
+
+def test_the_transfer_in_use_is_the_best_candidate_on_proxy_ood_validation(task2_runs):
+    _, client, runs, outputs = task2_runs
+    run = runs["semantic"]
+    candidates = run.data.params["adapter.transfer_candidates"].strip("[]").replace("'", "").split(", ")
+    assert run.data.params["adapter.transfer"] == "auto" and len(candidates) > 1
+    values = {name: run.data.metrics[f"val/proxy_ood/{name}/mAP"] for name in candidates}  # the only epoch
+    best = max(values, key=values.get)
+    assert run.data.tags["cxrlt.zeroshot.transfer"] == f"{best}, chosen on proxy-OOD validation"
+    assert run.data.metrics["val/proxy_ood_mAP"] == pytest.approx(values[best])
+    assert f"(transfer: {best}, chosen on proxy-OOD validation)" in outputs["semantic"]
+
+
+def test_make_evaluate_reports_the_unseen_classes_again(task2_runs):
+    tmp, client, runs, _ = task2_runs
+    run = runs["semantic"]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+    done = subprocess.run(
+        [sys.executable, "-m", "evaluation.cli", f"run={run.info.run_id}", "tta.enabled=false",
+         "evaluation.perturbation.enabled=false", "evaluation.plots=false"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = client.get_run(run.info.run_id).data.metrics
+    for key in ("test_unseen/mAP", "test_unseen/mAUROC", "test_unseen/source/centre_b/mAP"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 2  # reported again, into the run
+        assert metrics[key] == pytest.approx(run.data.metrics[key], abs=1e-6)  # same checkpoint, same transfer
+
+
+def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_columns(task2_runs, tmp_path):
+    tmp, client, runs, _ = task2_runs
+    run_id = runs["semantic"].info.run_id
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+    for command in (["evaluation.registry", "--task", "task2", "--run", run_id],
+                    ["evaluation.submit", "--task", "task2", "--out", str(tmp_path / "task2.csv")]):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    champion = client.get_model_version_by_alias("cxrlt-task2", "champion")
+    assert champion.run_id == run_id
+    submission = pd.read_csv(tmp_path / "task2.csv").set_index("ImageID")
+    assert [canonical_name(c, TASK2_LABELS) for c in submission.columns] == list(TASK2_LABELS)
+    # The registered model scores the unseen classes exactly as the run's own report did.
+    reported = pd.read_csv(client.download_artifacts(run_id, "predictions/test_unseen.csv", str(tmp_path)))
+    reported = reported.set_index("image_id").loc[submission.index, list(TASK2_LABELS)]
+    np.testing.assert_allclose(submission.to_numpy(), reported.to_numpy(), atol=2e-5)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    model = mlflow.pyfunc.load_model("models:/cxrlt-task2@champion")
+    manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
+    row = manifest[manifest["split"] == "test"].iloc[0]
+    scores = model.predict(pd.DataFrame({"image": [str(next((tmp / "synthetic").glob("*/manifest.csv")).parent
+                                                       / row["path"])]}))  # fmt: skip
+    assert list(scores.columns) == [*TASK1_LABELS, *TASK2_LABELS]  # task2 trains on the Task 1 labels
+    np.testing.assert_allclose(scores[list(TASK2_LABELS)].to_numpy()[0], reported.loc[row["image_id"]].to_numpy(),
+                               atol=2e-5)  # fmt: skip

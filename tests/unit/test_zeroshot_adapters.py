@@ -18,6 +18,7 @@ from training.zeroshot.clip import ClipClassifier, PromptPairHead
 from training.zeroshot.leak_guard import SeenOnlySource
 from training.zeroshot.proxy_ood import ProxyOOD, proxy_splits
 from training.zeroshot.semantic import SemanticClassifier, SemanticHead
+from training.zeroshot.transfer import Transfer, conse_weights, parse_transfers
 
 MODEL_CFG = {"backbone": "resnet18", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}
 LOSS_CFG = {"_target_": "training.losses.bce.BCELoss"}
@@ -175,7 +176,7 @@ def test_proxy_ood_map_is_the_mean_pseudo_unseen_ap_over_splits():
         expected.append(np.mean([average_precision_score(targets[:, c].numpy(), scores[:, j])
                                  for j, c in enumerate(unseen)]))  # fmt: skip
     for i, value in enumerate(expected):
-        assert float(values[f"split{i}/mAP"]) == pytest.approx(value, abs=1e-5)
+        assert float(values[f"direct/split{i}/mAP"]) == pytest.approx(value, abs=1e-5)
     assert float(values["mAP"]) == pytest.approx(np.mean(expected), abs=1e-5)
 
 
@@ -232,24 +233,75 @@ def test_clip_adapter_runs_offline_on_a_random_tiny_model(tiny_clip, tmp_path):
 
 
 def test_conse_weights_are_a_convex_combination_of_the_nearest_classes():
-    from training.zeroshot.proxy_ood import conse_weights
-
     support = _unit(torch.eye(4))
     query = _unit([[0.9, 0.5, 0.1, -0.3]])
     weights = conse_weights(query, support, k=2)
     torch.testing.assert_close(weights, torch.tensor([[0.9, 0.5, 0.0, 0.0]]) / 1.4)
     assert conse_weights(query, support, k=4)[0, 3] == 0  # negative similarity: no weight
+    # A disallowed (absence) class never supports, even when nearest: the next ones take its place.
+    allowed = torch.tensor([False, True, True, True])
+    torch.testing.assert_close(conse_weights(query, support, k=2, allowed=allowed),
+                               torch.tensor([[0.0, 0.5, 0.1, 0.0]]) / 0.6)  # fmt: skip
 
 
-def test_conse_transfer_scores_unseen_from_seen_logits_and_proxy_weights_skip_pseudo_unseen(tmp_path):
+def test_transfer_names_parse_and_bad_ones_are_refused():
+    assert Transfer.parse("direct") == Transfer("direct") and Transfer.parse("conse3") == Transfer("conse3", 3)
+    assert [t.name for t in parse_transfers("auto", ["direct", "conse1", "direct"])] == ["direct", "conse1"]
+    for bad in ("conse", "conse0", "cosine", "conse-3"):
+        with pytest.raises(ValueError, match="transfer"):
+            Transfer.parse(bad)
+    with pytest.raises(ValueError, match="transfer_candidates"):
+        parse_transfers("auto", [])
+
+
+def test_conse_transfer_scores_unseen_from_seen_logits_without_normal_and_proxy_weights_skip_pseudo_unseen(tmp_path):
     labels = ["Kyphosis", "Mass", "Nodule", "Emphysema", "Normal", "Fracture", "Cardiomegaly", "Hernia"]
-    model = _semantic(labels, TASK2_LABELS, tmp_path, transfer="conse", conse_k=3)
+    model = _semantic(labels, TASK2_LABELS, tmp_path, transfer="conse3")
     model.eval()
     images = torch.randn(3, 1, 32, 32)
-    weights = model.unseen_weights  # (U, C)
+    weights = model.unseen_weights[0]  # (U, C)
     assert weights.shape == (6, 8) and torch.allclose(weights.sum(dim=1), torch.ones(6))
     assert ((weights > 0).sum(dim=1) <= 3).all()
+    assert (weights[:, labels.index("Normal")] == 0).all()  # an absence class never supports a finding
     torch.testing.assert_close(model.unseen_logits(images), model(images) @ weights.T)
     for i, unseen in enumerate(model.proxy.splits):  # a pseudo-unseen class is never scored from its own logit
-        assert (model.proxy.transfer[i][:, unseen] == 0).all()
-        torch.testing.assert_close(model.proxy.transfer[i].sum(dim=1), torch.ones(len(unseen)))
+        w = model.proxy.weights[i, 0]  # (size, C)
+        assert (w[:, unseen] == 0).all() and (w[:, labels.index("Normal")] == 0).all()
+        torch.testing.assert_close(w.sum(dim=1), torch.ones(len(unseen)))
+
+
+def test_auto_transfer_picks_the_candidate_with_the_best_pseudo_unseen_map_and_the_checkpoint_keeps_it(tmp_path):
+    labels = ["Kyphosis", "Mass", "Nodule", "Emphysema", "Normal", "Fracture", "Cardiomegaly", "Hernia"]
+    model = _semantic(
+        labels, TASK2_LABELS, tmp_path, transfer="auto", transfer_candidates=["direct", "conse1", "conse3"]
+    )
+    assert [t.name for t in model.transfers] == ["direct", "conse1", "conse3"]
+    torch.manual_seed(0)
+    features = torch.randn(60, model.backbone.num_features)
+    targets = (torch.rand(60, len(labels)) < 0.3).float()
+    model.proxy.update(features, targets)
+    # The reference: each candidate's pseudo-unseen mAP by sklearn, from the proxy heads' own logits.
+    expected = []
+    for t, transfer in enumerate(model.proxy.transfers):
+        per_split = []
+        for i, (head, unseen) in enumerate(zip(model.proxy.heads, model.proxy.splits, strict=True)):
+            logits = head(features).detach()
+            scores = logits[:, unseen] if transfer.k is None else logits @ model.proxy.weights[i, t].T
+            per_split.append(np.mean([average_precision_score(targets[:, c], scores[:, j])
+                                      for j, c in enumerate(unseen)]))  # fmt: skip
+        expected.append(np.mean(per_split))
+    logged = {}
+    model.log = lambda name, value, **kw: logged.__setitem__(name, float(value))
+    choice = model.proxy.log_epoch(model, choose=True)
+    assert choice == int(np.argmax(expected))
+    assert logged["val/proxy_ood_mAP"] == pytest.approx(max(expected), abs=1e-5)
+    for name, value in zip(["direct", "conse1", "conse3"], expected, strict=True):
+        assert logged[f"val/proxy_ood/{name}/mAP"] == pytest.approx(value, abs=1e-5)
+    model.transfer_choice.fill_(2)
+    clone = _semantic(
+        labels, TASK2_LABELS, tmp_path, transfer="auto", transfer_candidates=["direct", "conse1", "conse3"]
+    )
+    clone.load_state_dict(model.state_dict())
+    assert clone.transfer == "conse3" and int(clone.transfer_choice) == 2
+    with pytest.raises(ValueError, match="proxy.k"):
+        _semantic(labels, TASK2_LABELS, tmp_path, transfer="auto", transfer_candidates=["direct"], proxy={"k": 0})

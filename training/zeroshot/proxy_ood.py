@@ -19,21 +19,14 @@ absolute value and meant for comparing zero-shot settings (a tuning objective), 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torchmetrics.classification import MultilabelAveragePrecision
 
-
-def conse_weights(query: torch.Tensor, support: torch.Tensor, k: int) -> torch.Tensor:
-    """ConSE weights (Norouzi et al. 2014): each query class as a convex combination of its ``k`` nearest support
-    classes by text cosine, ``(U, D) x (C, D) -> (U, C)``, rows summing to 1 (negative similarities get 0)."""
-    sims = query @ support.T  # (U, C)
-    top = sims.topk(min(k, sims.shape[1]), dim=1)
-    weights = torch.zeros_like(sims).scatter_(1, top.indices, top.values.clamp_min(0))
-    return weights / weights.sum(dim=1, keepdim=True).clamp_min(1e-12)
+from training.zeroshot.transfer import Transfer, transfer_scores, transfer_weights
 
 
 def proxy_splits(n_classes: int, k: int, size: int, seed: int = 0) -> list[list[int]]:
@@ -52,7 +45,7 @@ def proxy_splits(n_classes: int, k: int, size: int, seed: int = 0) -> list[list[
 
 
 class ProxyOOD(nn.Module):
-    """``k`` proxy heads, their masked training loss and the pseudo-unseen validation AP.
+    """``k`` proxy heads, their masked training loss and the pseudo-unseen validation AP per transfer.
 
     Args:
         head_factory: builds one zero-shot head ``head(features) -> (B, C)`` logits over the seen classes.
@@ -60,29 +53,36 @@ class ProxyOOD(nn.Module):
         k: number of splits.
         size: pseudo-unseen classes per split.
         seed: seed of the splits.
-        conse_k: score pseudo-unseen classes as the adapter's ``transfer: conse`` does (a convex combination of
-            the ``conse_k`` nearest *pseudo-seen* classes' logits by ``class_text`` cosine); None scores them
-            directly against their own text (``transfer: direct``).
-        class_text: ``(C, D)`` seen-class text embeddings (needed with ``conse_k``).
+        transfers: ways of scoring the pseudo-unseen classes (``training.zeroshot.transfer``); ``direct`` reads
+            the head's own logit of the class (its text embedding), ``conse<k>`` combines the ``k`` nearest
+            *pseudo-seen* classes' logits by ``class_text`` cosine. Default: ``direct`` only.
+        class_text: ``(C, D)`` seen-class text embeddings (needed by ConSE transfers).
+        allowed: ``(C,)`` bool, classes allowed to support a ConSE combination (absence classes excluded).
     """
 
     def __init__(self, head_factory: Callable[[], nn.Module], n_classes: int, k: int = 5, size: int = 6,
-                 seed: int = 0, conse_k: int | None = None, class_text: torch.Tensor | None = None):  # fmt: skip
+                 seed: int = 0, transfers: Sequence[Transfer] | None = None, class_text: torch.Tensor | None = None,
+                 allowed: torch.Tensor | None = None):  # fmt: skip
         super().__init__()
         self.splits = proxy_splits(n_classes, k, size, seed)
+        self.transfers = list(transfers or [Transfer("direct")])
         self.heads = nn.ModuleList(head_factory() for _ in self.splits)
         pseudo_seen = torch.ones(len(self.splits), n_classes, dtype=torch.bool)
         for i, unseen in enumerate(self.splits):
             pseudo_seen[i, unseen] = False
         self.register_buffer("pseudo_seen", pseudo_seen, persistent=False)  # (k, C)
-        transfer = None
-        if conse_k:
-            transfer = torch.zeros(len(self.splits), size, n_classes)  # (k, size, C): weights on pseudo-seen only
+        allowed = torch.ones(n_classes, dtype=torch.bool) if allowed is None else allowed
+        weights = torch.zeros(len(self.splits), len(self.transfers), size, n_classes)  # on pseudo-seen classes only
+        if any(t.k is not None for t in self.transfers):
             for i, unseen in enumerate(self.splits):
                 seen = pseudo_seen[i].nonzero().squeeze(1)
-                transfer[i][:, seen] = conse_weights(class_text[unseen], class_text[seen], conse_k)
-        self.register_buffer("transfer", transfer, persistent=False)
-        self.ap = nn.ModuleList(MultilabelAveragePrecision(size, average=None, ignore_index=-1) for _ in self.splits)
+                weights[i][:, :, seen] = transfer_weights(self.transfers, class_text[unseen], class_text[seen],
+                                                          allowed[seen])  # fmt: skip
+        self.register_buffer("weights", weights, persistent=False)  # (k, T, size, C)
+        self.ap = nn.ModuleList(
+            nn.ModuleList(MultilabelAveragePrecision(size, average=None, ignore_index=-1) for _ in self.transfers)
+            for _ in self.splits
+        )
         self.register_buffer("positives", torch.zeros(len(self.splits), size), persistent=False)
 
     def loss(self, features: torch.Tensor, targets: torch.Tensor, labelled: torch.Tensor, loss_fn) -> torch.Tensor:
@@ -102,33 +102,47 @@ class ProxyOOD(nn.Module):
 
     @torch.no_grad()
     def update(self, features: torch.Tensor, targets: torch.Tensor) -> None:
-        """Accumulate pseudo-unseen probabilities ``(B, size)`` and targets (-1 = not labelled) per split."""
+        """Accumulate each transfer's pseudo-unseen probabilities ``(B, size)`` and targets (-1 = not labelled)."""
         for i, (head, unseen) in enumerate(zip(self.heads, self.splits, strict=True)):
             logits = head(features)  # (B, C)
-            scores = logits[:, unseen] if self.transfer is None else logits @ self.transfer[i].T  # (B, size)
-            probs = torch.sigmoid(scores)
             truth = targets[:, unseen].long()
-            self.ap[i].update(probs, truth)
+            for t, transfer in enumerate(self.transfers):
+                own = logits[:, unseen]  # direct: the head's logit of the class, i.e. cosine to its own text
+                scores = transfer_scores(transfer, self.weights[i, t], logits, lambda own=own: own)
+                self.ap[i][t].update(torch.sigmoid(scores), truth)
             self.positives[i] += (truth == 1).sum(dim=0)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        """``{"mAP": mean over splits of each split's pseudo-unseen mAP, "split<i>/mAP": ...}``; then reset."""
+        """Per transfer ``<name>/mAP`` (mean over splits of each split's pseudo-unseen mAP) and
+        ``<name>/split<i>/mAP``; ``mAP`` is the first transfer's. Then reset."""
         out = {}
-        for i, metric in enumerate(self.ap):
-            ap = torch.where(self.positives[i] > 0, metric.compute(), torch.nan)
-            out[f"split{i}/mAP"] = ap.nanmean()
-            metric.reset()
+        for t, transfer in enumerate(self.transfers):
+            per_split = []
+            for i in range(len(self.splits)):
+                metric = self.ap[i][t]
+                per_split.append(torch.where(self.positives[i] > 0, metric.compute(), torch.nan).nanmean())
+                out[f"{transfer.name}/split{i}/mAP"] = per_split[-1]
+                metric.reset()
+            out[f"{transfer.name}/mAP"] = torch.stack(per_split).nanmean()
         self.positives.zero_()
-        values = torch.stack(list(out.values()))
-        out["mAP"] = values.nanmean()
+        out["mAP"] = out[f"{self.transfers[0].name}/mAP"]
         return out
 
-    def log_epoch(self, module) -> None:
-        """Compute, reset and log on a LightningModule: ``val/proxy_ood_mAP`` plus ``val/proxy_ood/split<i>/mAP``.
+    def log_epoch(self, module, choose: bool = False) -> int:
+        """Compute, reset and log on a LightningModule; returns the index of the transfer reported.
 
-        One place for the metric names, so every adapter reports the tuning objective under the same key.
+        ``val/proxy_ood_mAP`` (the tuning objective) is the reported transfer's value: the first one, or with
+        ``choose`` the best one this epoch. Every transfer's mean is logged as ``val/proxy_ood/<name>/mAP`` and the
+        reported one's splits as ``val/proxy_ood/split<i>/mAP``.
         """
         values = self.compute()
-        module.log("val/proxy_ood_mAP", values.pop("mAP"), prog_bar=True)
-        for key, value in values.items():
-            module.log(f"val/proxy_ood/{key}", value)
+        means = torch.stack([values[f"{t.name}/mAP"] for t in self.transfers])
+        best = int(torch.nan_to_num(means, nan=-1.0).argmax()) if choose else 0
+        name = self.transfers[best].name
+        module.log("val/proxy_ood_mAP", means[best], prog_bar=True)
+        for transfer, mean in zip(self.transfers, means, strict=True):
+            if len(self.transfers) > 1:
+                module.log(f"val/proxy_ood/{transfer.name}/mAP", mean)
+        for i in range(len(self.splits)):
+            module.log(f"val/proxy_ood/split{i}/mAP", values[f"{name}/split{i}/mAP"])
+        return best

@@ -109,6 +109,11 @@ def report_unseen(model, datamodule, cfg, session) -> dict[str, float]:
     metrics = unseen_metrics(targets, probs, unseen, sources, ev.n_boot, ev.seed, ev.threshold)
     session.log_metrics(metrics)
     internal = internal_source(datamodule)
+    transfer = getattr(model, "transfer", None)  # the semantic adapter's transfer, chosen on validation or fixed
+    if transfer:
+        how = "chosen on proxy-OOD validation" if getattr(model, "auto_transfer", False) else "as configured"
+        transfer = f"{transfer}, {how}"
+        session.client.set_tag(session.run_id, "cxrlt.zeroshot.transfer", transfer)
     if internal is not None and sources is not None:
         external = sorted(set(sources) - {internal})
         session.client.set_tag(session.run_id, "cxrlt.unseen.internal_source", internal)
@@ -123,13 +128,15 @@ def report_unseen(model, datamodule, cfg, session) -> dict[str, float]:
         frame.to_csv(path, index=False)
         session.log_artifact(path, "predictions")
         summary = Path(tmp) / "unseen_report.md"
-        summary.write_text(summary_table(metrics, unseen, internal))
+        summary.write_text(summary_table(metrics, unseen, internal, transfer))
         session.log_artifact(summary, "evaluation")
-    log.info("\n%s", summary_table(metrics, unseen, internal))
+    log.info("\n%s", summary_table(metrics, unseen, internal, transfer))
     return metrics
 
 
-def summary_table(metrics: dict[str, float], unseen: list[str], internal: str | None) -> str:
+def summary_table(
+    metrics: dict[str, float], unseen: list[str], internal: str | None, transfer: str | None = None
+) -> str:
     """Markdown: mAP and mAUROC with CIs overall and per centre, against the random-score baseline."""
 
     def cell(prefix: str, macro: str) -> str:
@@ -142,7 +149,8 @@ def summary_table(metrics: dict[str, float], unseen: list[str], internal: str | 
     scopes = [("overall", "")] + sorted(
         {(k.split("/")[2], f"/source/{k.split('/')[2]}") for k in metrics if k.startswith("test_unseen/source/")}
     )
-    lines = [f"Unseen classes (zero-shot): {', '.join(unseen)}", "",
+    chosen = f" (transfer: {transfer})" if transfer else ""
+    lines = [f"Unseen classes (zero-shot): {', '.join(unseen)}{chosen}", "",
              "| test set | mAP | mAUROC | random mAP | random mAUROC |", "|---|---|---|---|---|"]  # fmt: skip
     for name, suffix in scopes:
         label = name if name == "overall" else f"{name} ({'internal' if name == internal else 'external'})"

@@ -7,13 +7,10 @@ the unseen classes reuse ``P`` and ``s`` with their own text embeddings. Optiona
 linear head for the seen classes (the 2026 winners' contrastive + classification recipe), and proxy heads give
 ``val/proxy_ood_mAP`` (see ``training.zeroshot.proxy_ood``).
 
-How unseen classes are scored (``transfer``): ``direct`` is the cosine of the projected image to the unseen
-class's own text embedding. ``conse`` (default; Norouzi et al. 2014, ConSE) writes each unseen text embedding as
-a convex combination of its ``conse_k`` nearest seen-class text embeddings and scores the same combination of
-the seen-class logits. Why: the projection is trained against 30 seen directions of a 384-d text space; the
-unseen embedding's component outside their span meets directions the loss never constrained, i.e. noise. On the
-synthetic set direct scoring stayed at chance (unseen mAUROC 0.46 [0.37, 0.57]) while ConSE over the same
-run's logits ranked 5 of 6 unseen classes above chance (README, Task 2).
+How unseen classes are scored (``transfer``, see ``training.zeroshot.transfer``): ``direct`` (cosine to the
+class's own text embedding) or ``conse<k>`` (the ``k`` text-nearest seen classes' logits, convexly combined);
+``auto`` (default) carries every ``transfer_candidates`` entry and uses the one with the best proxy-OOD mAP on
+the validation split, chosen again at every validation so each checkpoint holds its own choice.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.models.module import MultiLabelClassifier
-from training.zeroshot.proxy_ood import ProxyOOD, conse_weights
+from training.zeroshot.proxy_ood import ProxyOOD
 from training.zeroshot.text_side import text_embeddings
-
-TRANSFERS = ("direct", "conse")
+from training.zeroshot.transfer import parse_transfers, support_mask, transfer_scores, transfer_weights
 
 
 class SemanticHead(nn.Module):
@@ -90,12 +86,12 @@ class SemanticClassifier(MultiLabelClassifier):
         text = torch.from_numpy(text_embeddings(cfg, self.labels + unseen))  # (C + U, D)
         seen_text, unseen_text = text[: len(self.labels)], text[len(self.labels) :]
         self.register_buffer("unseen_text", unseen_text.float().clone())  # (U, D)
-        self.transfer = str(cfg.get("transfer", "direct"))
-        if self.transfer not in TRANSFERS:
-            raise ValueError(f"adapter.transfer must be one of {TRANSFERS}, got {self.transfer!r}")
-        conse_k = int(cfg.get("conse_k", 3)) if self.transfer == "conse" else None
-        weights = conse_weights(unseen_text, seen_text, conse_k) if conse_k else torch.zeros(len(unseen), 0)
-        self.register_buffer("unseen_weights", weights.float())  # (U, C) ConSE weights over the seen classes
+        self.auto_transfer = str(cfg.get("transfer", "direct")) == "auto"
+        self.transfers = parse_transfers(str(cfg.get("transfer", "direct")), cfg.get("transfer_candidates"))
+        allowed = support_mask(self.labels)
+        # (T, U, C) ConSE weights per candidate, and the index of the one in use (saved: checkpoints keep it).
+        self.register_buffer("unseen_weights", transfer_weights(self.transfers, unseen_text, seen_text, allowed))
+        self.register_buffer("transfer_choice", torch.zeros((), dtype=torch.long))
 
         def make_head() -> SemanticHead:
             return SemanticHead(backbone.num_features, seen_text, cfg.get("hidden"), cfg.get("init_scale", 10.0))
@@ -111,12 +107,15 @@ class SemanticClassifier(MultiLabelClassifier):
                 proxy["k"],
                 proxy.get("size", 6),
                 proxy.get("seed", 0),
-                conse_k=conse_k,
+                transfers=self.transfers,
                 class_text=seen_text,
+                allowed=allowed,
             )  # fmt: skip
             if proxy.get("k")
             else None
         )
+        if self.auto_transfer and self.proxy is None:
+            raise ValueError("adapter.transfer=auto chooses on proxy-OOD validation: set adapter.proxy.k > 0")
         return backbone, make_head()
 
     def _seen_logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -129,12 +128,17 @@ class SemanticClassifier(MultiLabelClassifier):
         """``(B, 1, H, W)`` -> ``(B, C)`` seen-class logits."""
         return self._seen_logits(self.backbone(images))
 
+    @property
+    def transfer(self) -> str:
+        """Name of the transfer in use (``direct`` or ``conse<k>``)."""
+        return self.transfers[int(self.transfer_choice)].name
+
     def unseen_logits(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, 1, H, W)`` -> ``(B, U)`` zero-shot logits of the unseen classes (see ``transfer``)."""
         features = self.backbone(images)
-        if self.transfer == "conse":
-            return self._seen_logits(features) @ self.unseen_weights.T  # (B, C) x (C, U)
-        return self.head(features, self.unseen_text)
+        choice = int(self.transfer_choice)
+        return transfer_scores(self.transfers[choice], self.unseen_weights[choice], self._seen_logits(features),
+                               lambda: self.head(features, self.unseen_text))  # fmt: skip
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         features = self.backbone(batch["image"])  # (B, F)
@@ -158,4 +162,6 @@ class SemanticClassifier(MultiLabelClassifier):
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
         if self.proxy is not None:
-            self.proxy.log_epoch(self)
+            choice = self.proxy.log_epoch(self, choose=self.auto_transfer)
+            if self.auto_transfer:
+                self.transfer_choice.fill_(choice)
