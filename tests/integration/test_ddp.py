@@ -24,7 +24,7 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from evaluation.evaluate import evaluate
-from tests.conftest import PROJECT_ROOT, train_command
+from tests.conftest import PROJECT_ROOT, free_port, train_command
 from training.data.datamodule import CXRDataModule
 from training.data.sources import ManifestSource
 from training.distributed import SHARED_ENV, Process, process_of, share_from_rank_zero
@@ -127,6 +127,53 @@ def test_torchrun_starts_the_ranks_and_still_writes_one_run(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
     assert run.info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/mAP")) == list(range(EPOCHS))
+
+
+# Runs as one of two torchrun-style ranks (all processes started at once): rank 0 makes the facts or fails.
+BROADCAST = """
+import json, sys
+import lightning.pytorch as L
+from training.distributed import process_of, share_from_rank_zero
+
+trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False, enable_progress_bar=False)
+process = process_of(trainer)
+
+def make():
+    if sys.argv[1] == "fail":
+        raise FileNotFoundError("manifest missing")
+    return {"run_id": "abc", "made_by": process.rank}
+
+try:
+    print(json.dumps({"facts": share_from_rank_zero(trainer, process, make)}))
+except Exception as error:
+    print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+def test_ranks_started_together_get_rank_zero_facts_or_its_error(mode):
+    """Under torchrun/SLURM the facts travel by broadcast; a rank 0 failure reaches the others instead of a hang."""
+    port = str(free_port())
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "TORCHELASTIC_RUN_ID": "test", "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "GROUP_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "PYTHONPATH": str(PROJECT_ROOT)}  # fmt: skip
+        env.pop(SHARED_ENV, None)
+        ranks.append(subprocess.Popen([sys.executable, "-c", BROADCAST, mode], env=env, cwd=PROJECT_ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    results = []
+    for process in ranks:
+        stdout, stderr = process.communicate(timeout=180)
+        assert process.returncode == 0, stderr[-3000:]
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    if mode == "ok":
+        assert results == [{"facts": {"run_id": "abc", "made_by": 0}}] * 2
+    else:
+        assert results[0] == {"error": "FileNotFoundError: manifest missing"}
+        assert results[1] == {
+            "error": "RuntimeError: rank 0 failed before training: FileNotFoundError: manifest missing"
+        }
 
 
 # Rank bookkeeping without starting processes: the environment variables each launcher sets.
