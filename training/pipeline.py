@@ -113,7 +113,12 @@ def run_training(
         resume = str(session.resume_from) if session.resume_from else None
         return {"run_id": session.run_id, "checkpoint_dir": str(session.checkpoint_dir), "resume_from": resume}
 
-    run = share_from_rank_zero(trainer, process, open_run)
+    try:
+        run = share_from_rank_zero(trainer, process, open_run)
+    except BaseException as error:  # the run was opened but the other ranks never got it: do not leave it RUNNING
+        for session in sessions:
+            session.close(status_on_error(error))
+        raise
     checkpoint.dirpath = run["checkpoint_dir"]
     if not process.is_zero:  # trains its share, logs nothing; cRT may still read the parent run's checkpoint
         try:
