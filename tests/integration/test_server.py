@@ -101,6 +101,14 @@ def team_server():
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def admin(team_server, monkeypatch) -> MlflowClient:
+    """An ``MlflowClient`` on the server with the admin's credentials (MLflow reads them from the environment)."""
+    for key, value in team_server.env().items():
+        monkeypatch.setenv(key, value)
+    return MlflowClient(team_server.url)
+
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     """The smoke data set generated once, shared by the module's trainings and tuning workers."""
@@ -162,7 +170,7 @@ def test_training_as_a_team_member_logs_a_finished_run_through_the_server(
                           env=env, capture_output=True, text=True, timeout=400)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    client = MlflowClient(team_server.url)  # admin (environment): reads alice's run
+    client = admin  # reads alice's run
     experiment = client.get_experiment_by_name("team-smoke")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED" and run.info.user_id == "alice"
@@ -178,7 +186,7 @@ def test_training_as_a_team_member_logs_a_finished_run_through_the_server(
 
 
 @pytest.mark.server
-def test_two_tuning_workers_share_one_postgresql_study(team_server, synthetic, tmp_path):
+def test_two_tuning_workers_share_one_postgresql_study(team_server, admin, synthetic, tmp_path):
     team_server.cluster.psql('CREATE DATABASE "optuna_workers" OWNER "mlflow"')
     # The password inline, as a user might type it: it must be redacted wherever the URL is recorded.
     storage = f"postgresql://mlflow:{team_server.db_password}@127.0.0.1:{team_server.pg_port}/optuna_workers"
@@ -198,7 +206,7 @@ def test_two_tuning_workers_share_one_postgresql_study(team_server, synthetic, t
     assert sorted(numbers) == list(range(trials))  # none duplicated, none lost
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
-    client = MlflowClient(team_server.url)
+    client = admin
     runs = client.search_runs([client.get_experiment_by_name("task1").experiment_id],
                               filter_string="tags.`optuna.study_name` = 'workers'")  # fmt: skip
     parents = [r for r in runs if r.data.tags.get("cxrlt.kind") == "tuning-study"]
@@ -212,10 +220,13 @@ def test_two_tuning_workers_share_one_postgresql_study(team_server, synthetic, t
 
 
 @pytest.mark.server
-def test_killed_worker_trial_fails_and_another_worker_completes_the_study(team_server, synthetic, tmp_path):
+def test_killed_worker_trial_fails_and_another_worker_completes_the_study(
+    team_server, admin, synthetic, tmp_path, monkeypatch
+):
     team_server.cluster.psql('CREATE DATABASE "optuna_kill" OWNER "mlflow"')
     storage = f"postgresql://mlflow@127.0.0.1:{team_server.pg_port}/optuna_kill"
-    env = {**team_server.env(), "PGPASSWORD": team_server.db_password}  # the documented way: not in the URL
+    monkeypatch.setenv("PGPASSWORD", team_server.db_password)  # the documented way: not in the URL
+    env = {**team_server.env(), "PGPASSWORD": team_server.db_password}
     beat = ("tune.study=kill", "tune.heartbeat_interval=1", "tune.grace_period=3")
     first = subprocess.Popen(_tune(tmp_path, synthetic, storage, 2, "tune.worker=0", *beat), env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -243,21 +254,21 @@ def test_killed_worker_trial_fails_and_another_worker_completes_the_study(team_s
     assert len(retries) == 1 and retries[0].params == victim.params  # the same point, run again
     complete = [t for t in trials.values() if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 2 and len(trials) == 3  # the study's 2 trials, the killed one replaced
-    client = MlflowClient(team_server.url)
+    client = admin
     ghost = client.get_run(victim.user_attrs["mlflow_run_id"])
     assert ghost.info.status == "KILLED" and ghost.data.tags["optuna.state"] == "FAIL"
 
 
 @pytest.mark.server
 def test_server_stopped_mid_run_buffers_metrics_then_fails_naming_the_run_and_resume_finishes_it(
-    team_server, synthetic, tmp_path
+    team_server, admin, synthetic, tmp_path
 ):
     epochs = 4
     overrides = ("debug=smoke", f"data.source.root={synthetic}", f"trainer.max_epochs={epochs}",
                  "tracking.experiment=outage", "tracking.reconnect_timeout=10", "trainer.enable_progress_bar=false",
                  "evaluation.n_boot=0", "evaluation.plots=false")  # fmt: skip
     env = team_server.env()
-    client = MlflowClient(team_server.url)
+    client = admin
     training = subprocess.Popen(train_command(tmp_path, *overrides), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.time() + 300
@@ -290,7 +301,7 @@ def test_server_stopped_mid_run_buffers_metrics_then_fails_naming_the_run_and_re
     assert run.info.status == "FINISHED" and "test/mAP" in run.data.metrics
     for key in ("val/mAP", "train/loss"):
         steps = sorted(m.step for m in client.get_metric_history(run_id, key))
-        assert steps == list(range(epochs)), (key, steps)  # every epoch exactly once, the buffered ones too
+        assert steps == list(range(epochs)), (key, steps, output[-6000:], resumed.stderr[-3000:])  # each epoch once
 
 
 def test_unreachable_server_at_start_fails_fast_and_creates_nothing(tmp_path):
