@@ -73,9 +73,18 @@ class FakeClient:
     def __init__(self):
         self.batches: list[list] = []
         self.terminated: list[str] = []
+        self.stored: list = []
+        self.lose_answer = False  # store the batch, then fail as if the connection dropped before the reply
 
     def log_batch(self, run_id, metrics=()):
         self.batches.append([(m.key, m.value, m.step) for m in metrics])
+        self.stored.extend(metrics)
+        if self.lose_answer:
+            self.lose_answer = False
+            raise ConnectionError("connection reset by peer")
+
+    def get_metric_history(self, run_id, key):
+        return [m for m in self.stored if m.key == key]
 
     def set_terminated(self, run_id, status):
         self.terminated.append(status)
@@ -144,3 +153,13 @@ def test_server_back_within_the_timeout_lets_the_run_finish(remote_logger, tmp_p
     session.close("FINISHED")
     assert client.batches == [[("val/mAP", 0.5, 0)]] and client.terminated == ["FINISHED"]
     assert not (tmp_path / "ckpt").exists()  # a FINISHED run drops its working checkpoints
+
+
+def test_a_batch_stored_but_unanswered_is_not_logged_twice(remote_logger):
+    logger, client, state = remote_logger
+    client.lose_answer = True
+    logger.log_metrics({"val/mAP": 0.1, "epoch": 0})  # stored, but the logger cannot know
+    assert logger.unsent and logger.spool.is_file()
+    logger.log_metrics({"val/mAP": 0.2, "epoch": 1})
+    assert sorted(m.step for m in client.stored) == [0, 1]  # each epoch exactly once on the "server"
+    assert not logger.unsent and not logger.spool.exists()

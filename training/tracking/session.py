@@ -141,6 +141,9 @@ class RunLogger(MLFlowLogger):
         self.unsent: list = []
         self.spool: Path | None = None
         self._outage_logged = False
+        #: Some of :attr:`unsent` may have reached the server already: a send failed mid-way (the server stored
+        #: the batch but the answer was lost), or a previous process died between sending and clearing its spool.
+        self._maybe_delivered = False
 
     def finalize(self, status: str = "success") -> None:
         """Ignore Lightning's per-stage finalisation (see class docstring)."""
@@ -168,16 +171,22 @@ class RunLogger(MLFlowLogger):
         """Send the buffered metrics if the server answers; returns whether nothing is left unsent.
 
         A failed send is retried at the next call; the buffer is mirrored to :attr:`spool` whenever it is not
-        empty, so even a process killed during the outage leaves its metrics for ``resume``.
+        empty, so even a process killed during the outage leaves its metrics for ``resume``. Sending is
+        idempotent: after a failed attempt, values the server already holds (same key, step and timestamp; a
+        buffered value keeps its original timestamp) are dropped first, so no epoch is logged twice.
         """
         if not self.unsent:
             return True
         reason = server_reachable(self._tracking_uri)
         if reason is None:
             try:
+                if self._maybe_delivered:
+                    self._drop_delivered()
                 for start in range(0, len(self.unsent), 1000):
                     self.experiment.log_batch(self.run_id, metrics=self.unsent[start : start + 1000])
+                self._maybe_delivered = False
             except Exception as error:  # noqa: BLE001 - the server went away between the probe and the send
+                self._maybe_delivered = True
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         if reason is None:
             if self._outage_logged:
@@ -194,6 +203,11 @@ class RunLogger(MLFlowLogger):
             self._outage_logged = True
         self.save_unsent()
         return False
+
+    def _drop_delivered(self) -> None:
+        keys = {m.key for m in self.unsent}
+        held = {(m.key, m.step, m.timestamp) for k in keys for m in self.experiment.get_metric_history(self.run_id, k)}
+        self.unsent = [m for m in self.unsent if (m.key, m.step, m.timestamp) not in held]
 
     def save_unsent(self) -> None:
         """Mirror the buffer to :attr:`spool` (written whole, then renamed, so it is never half a file)."""
@@ -212,6 +226,7 @@ class RunLogger(MLFlowLogger):
 
         loaded = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in json.loads(self.spool.read_text())]
         self.unsent[:0] = loaded
+        self._maybe_delivered = True  # the previous process may have sent some before it died
         return len(loaded)
 
 
