@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from optuna_integration import PyTorchLightningPruningCallback
 
 from training.pipeline import error_status, run_training
-from training.tracking.session import tracking_uri
+from training.tracking.session import redact_text, tracking_uri
 from training.tuning.space import SearchSpace, to_overrides
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Objective:
             shutil.rmtree(Path(cfg.tracking.checkpoint_root) / str(recorder.run_id), ignore_errors=True)
             raise
         except BaseException as error:
-            self._close(cfg, recorder, "FAIL", {"optuna.error": repr(error)[:1000]})
+            self._close(cfg, recorder, "FAIL", {"optuna.error": redact_text(repr(error))[:1000]})
             raise
         value = BEST[self.direction](recorder.values.values()) if recorder.values else math.nan
         # Optuna records a NaN objective (a diverged run) as FAIL; the run's tag says the same.
