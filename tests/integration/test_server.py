@@ -156,12 +156,8 @@ def test_requests_need_valid_credentials(team_server):
 
 
 @pytest.mark.server
-def test_training_as_a_team_member_logs_a_finished_run_through_the_server(
-    team_server, synthetic, tmp_path, monkeypatch
-):
-    for key, value in team_server.env().items():  # admin credentials, for MLflow's user-management client
-        monkeypatch.setenv(key, value)
-    from mlflow.server import get_app_client
+def test_training_as_a_team_member_logs_a_finished_run_through_the_server(team_server, admin, synthetic, tmp_path):
+    from mlflow.server import get_app_client  # MLflow's user-management client; admin credentials (fixture)
 
     get_app_client("basic-auth", tracking_uri=team_server.url).create_user("alice", ALICE_PASSWORD)
     env = team_server.env("alice", ALICE_PASSWORD)
