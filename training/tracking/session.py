@@ -58,6 +58,8 @@ REDACTED = "***"
 #: Seconds the ``/health`` probe waits: long enough for a busy server, short enough to fail fast.
 HEALTH_TIMEOUT_S = 5.0
 UNSENT_FILE = "unsent_metrics.json"
+#: Characters MLflow refuses in metric names (Lightning's ``MLFlowLogger`` strips them the same way).
+METRIC_NAME = re.compile(r"[^a-zA-Z0-9_/. -]+")
 
 
 class TrackingUnavailable(RuntimeError):
@@ -164,7 +166,11 @@ class RunLogger(MLFlowLogger):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.unsent.extend(Metric(k, float(v), now, step or 0) for k, v in metrics.items() if not isinstance(v, str))
+        self.unsent.extend(
+            Metric(METRIC_NAME.sub("", k), float(v), now, step or 0)
+            for k, v in metrics.items()
+            if not isinstance(v, str)
+        )  # fmt: skip  (the same filtering as MLFlowLogger's)
         self.flush()
 
     def flush(self) -> bool:
