@@ -170,7 +170,7 @@ class RunLogger(MLFlowLogger):
             Metric(METRIC_NAME.sub("", k), float(v), now, step or 0)
             for k, v in metrics.items()
             if not isinstance(v, str)
-        )  # fmt: skip  (the same filtering as MLFlowLogger's)
+        )  # the same filtering as MLFlowLogger.log_metrics
         self.flush()
 
     def flush(self) -> bool:
