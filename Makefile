@@ -79,10 +79,10 @@ ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 HOST ?= 127.0.0.1
 PG_PORT ?= 5432
 SERVER_DIR ?= mlruns/server
-server: setup ## Team tracking server: PostgreSQL + basic auth + served artifacts: MLFLOW_ADMIN_PASSWORD=... make server [HOST=127.0.0.1] [PORT=5000] [PG_PORT=5432] [DATABASE_URL=postgresql://mlflow@db-host/mlflow]
+server: setup ## Team tracking server: PostgreSQL + basic auth + served artifacts: MLFLOW_ADMIN_PASSWORD=... make server [HOST=127.0.0.1] [PORT=5000] [PG_PORT=5432] [DATABASE_URL=postgresql://mlflow@db-host/mlflow] [ARTIFACTS=/srv/mlflow-artifacts]
 	@test -n "$$MLFLOW_ADMIN_PASSWORD" || { echo "make server: export MLFLOW_ADMIN_PASSWORD (the admin's password; never put it in a file of the repository)" >&2; exit 2; }
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m training.tracking.server --host $(HOST) --port $(PORT) --pg-port $(PG_PORT) \
-		--dir $(SERVER_DIR) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)')
+		--dir $(SERVER_DIR) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)') $(if $(ARTIFACTS),--artifacts '$(ARTIFACTS)')
 
 test: setup ## Fast default test suite (no slow, real-data or GPU tests)
 	$(PY) -m pytest
