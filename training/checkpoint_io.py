@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 TEMP_SUFFIX = ".partial"
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files readable by their owner only; a checkpoint gets the permissions an ordinary write would
+# give it (teammates read checkpoints on shared storage, and MLflow copies the mode into the artifact store).
+FILE_MODE = 0o666 & ~_current_umask()
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` with write-to-temporary, fsync, rename saves and weights-only loads.
 
@@ -44,6 +55,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # Same folder as the target: os.replace is only atomic within one file system.
         handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMP_SUFFIX)
         try:
+            os.chmod(temporary, FILE_MODE)
             with os.fdopen(handle, "wb") as stream:
                 torch.save(checkpoint, stream)
                 stream.flush()

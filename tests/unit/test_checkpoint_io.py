@@ -6,6 +6,7 @@ import hashlib
 import os
 import pickle
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -121,6 +122,9 @@ def test_save_replaces_the_file_and_leaves_no_temporary(tmp_path):
     loaded = io.load_checkpoint(target)
     assert loaded["epoch"] == 2 and torch.equal(loaded["state_dict"]["w"], torch.ones(2))
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    assert stat.S_IMODE(target.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)  # not mkstemp's owner-only
     with pytest.raises(TypeError, match="storage_options"):
         io.save_checkpoint({}, target, storage_options={"x": 1})
 
