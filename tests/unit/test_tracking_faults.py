@@ -163,3 +163,12 @@ def test_a_batch_stored_but_unanswered_is_not_logged_twice(remote_logger):
     logger.log_metrics({"val/mAP": 0.2, "epoch": 1})
     assert sorted(m.step for m in client.stored) == [0, 1]  # each epoch exactly once on the "server"
     assert not logger.unsent and not logger.spool.exists()
+
+
+def test_a_resumed_run_keeps_the_epoch_values_it_already_holds(remote_logger):
+    logger, client, state = remote_logger
+    logger.logged_steps = {("val/mAP", 3), ("train/loss", 3)}  # what remember_logged found on the server
+    logger.log_metrics({"val/mAP": 0.9, "epoch": 3})  # Lightning re-validating the checkpoint's epoch
+    logger.log_metrics({"val/mAP": 0.8, "val/mAUROC": 0.7, "epoch": 3})
+    logger.log_metrics({"val/mAP": 0.6, "epoch": 4})
+    assert client.batches == [[("val/mAUROC", 0.7, 3)], [("val/mAP", 0.6, 4)]]

@@ -146,6 +146,18 @@ class RunLogger(MLFlowLogger):
         #: Some of :attr:`unsent` may have reached the server already: a send failed mid-way (the server stored
         #: the batch but the answer was lost), or a previous process died between sending and clearing its spool.
         self._maybe_delivered = False
+        #: ``(key, epoch)`` pairs the run already holds when it is resumed (see :meth:`remember_logged`).
+        self.logged_steps: set[tuple[str, int]] = set()
+
+    def remember_logged(self) -> None:
+        """Note every ``(key, step)`` the resumed run already holds, so no epoch is logged twice.
+
+        Lightning may re-run the end of the epoch a checkpoint was saved in (its validation, hence its metrics)
+        when it resumes from that checkpoint; the run keeps the value it already has.
+        """
+        client, run_id = self.experiment, self.run_id
+        for key in client.get_run(run_id).data.metrics:
+            self.logged_steps.update((key, m.step) for m in client.get_metric_history(run_id, key))
 
     def finalize(self, status: str = "success") -> None:
         """Ignore Lightning's per-stage finalisation (see class docstring)."""
@@ -160,6 +172,10 @@ class RunLogger(MLFlowLogger):
         metrics = dict(metrics)
         epoch = metrics.pop("epoch", None)
         step = int(epoch) if epoch is not None else step
+        if self.logged_steps:
+            metrics = {k: v for k, v in metrics.items() if (k, step or 0) not in self.logged_steps}
+            if not metrics:
+                return
         if not is_remote(self._tracking_uri or ""):
             super().log_metrics(metrics, step)
             return
@@ -451,4 +467,6 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     if found and logger.load_unsent():  # metrics a previous process could not send before the server went away
         log.info("sending %d metric values buffered by the previous process of run %s", len(logger.unsent), run_id)
         session.await_server()
+    if found:
+        logger.remember_logged()
     return session
