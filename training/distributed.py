@@ -85,7 +85,7 @@ def _through_environment(process: Process, make: Callable[[], dict]) -> dict:
     if shared is None:
         raise RuntimeError(
             f"rank {process.rank} of {process.world_size} was not started by rank 0's process, so it cannot learn "
-            "rank 0's MLflow run; start multi-node DDP with torchrun or SLURM srun (docs/scaling-ddp.md)"
+            "rank 0's MLflow run; start multi-node DDP with torchrun or SLURM srun (README, 'Scaling out')"
         )
     return json.loads(shared)
 
