@@ -108,6 +108,11 @@ class Scorer:
     spec_extra: dict | None = None
 
     @property
+    def network(self) -> nn.Module:
+        """The trained module itself (weights and hparams as in the checkpoint), without the serving wrapper."""
+        return self.model.model if isinstance(self.model, SeenAndUnseen) else self.model
+
+    @property
     def submission_labels(self) -> list[str]:
         """The columns a default submission holds: a zero-shot run's unseen classes (Task 2), else every label."""
         return list((self.spec_extra or {}).get("unseen") or self.labels)
@@ -123,7 +128,7 @@ class Scorer:
     def spec(self) -> dict:
         """The JSON-able description :meth:`from_spec` rebuilds from (weights apart)."""
         extra = self.spec_extra or {}
-        hparams = (self.model.model if isinstance(self.model, SeenAndUnseen) else self.model).hparams
+        hparams = self.network.hparams
         seen = self.labels[: len(self.labels) - len(extra.get("unseen", []))]
         return {"run_id": self.run_id, "image_size": self.image_size, "resize": self.resize, "labels": seen,
                 "thresholds": self.thresholds, "model_cfg": dict(hparams["model_cfg"]),
@@ -259,7 +264,6 @@ def example_request(size: int) -> pd.DataFrame:
 def save_artifacts(scorer: Scorer, folder: Path) -> dict[str, str]:
     """Write the weights (``state_dict`` only, no optimiser state) and the JSON spec; returns pyfunc artifacts."""
     folder.mkdir(parents=True, exist_ok=True)
-    network = scorer.model.model if isinstance(scorer.model, SeenAndUnseen) else scorer.model  # as trained
-    torch.save(network.state_dict(), folder / "weights.pt")
+    torch.save(scorer.network.state_dict(), folder / "weights.pt")
     (folder / "spec.json").write_text(json.dumps(scorer.spec(), indent=1, default=str))
     return {"weights": str(folder / "weights.pt"), "spec": str(folder / "spec.json")}

@@ -204,8 +204,7 @@ class RunLogger(MLFlowLogger):
             try:
                 if self._maybe_delivered:
                     self._drop_delivered()
-                for start in range(0, len(self.unsent), 1000):
-                    self.experiment.log_batch(self.run_id, metrics=self.unsent[start : start + 1000])
+                send_metrics(self.experiment, self.run_id, self.unsent)
                 self._maybe_delivered = False
             except Exception as error:  # noqa: BLE001 - the server went away between the probe and the send
                 self._maybe_delivered = True
@@ -342,7 +341,11 @@ def log_metric_batch(client, run_id: str, metrics: dict[str, float], step: int =
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    items = [Metric(key, float(value), now, step) for key, value in metrics.items()]
+    send_metrics(client, run_id, [Metric(key, float(value), now, step) for key, value in metrics.items()])
+
+
+def send_metrics(client, run_id: str, items: list) -> None:
+    """``log_batch`` of MLflow ``Metric`` entities in chunks of MLflow's 1,000-metric limit."""
     for start in range(0, len(items), 1000):
         client.log_batch(run_id, metrics=items[start : start + 1000])
 
