@@ -32,8 +32,9 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     client = MlflowClient(tracking_uri(cfg))
     parent = parent_run(cfg, study, existing, client)
     metric, target = str(cfg.tune.metric), int(cfg.tune.trials)
+    budget = TrialBudget(target)
     objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name,
-                          int(cfg.tune.worker))  # fmt: skip
+                          int(cfg.tune.worker), admits=budget.admits)  # fmt: skip
     status = "FINISHED"
     try:
         if remaining(study, target):
@@ -42,7 +43,7 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
                 timeout=cfg.tune.timeout,
                 catch=(Exception,),  # a failed trial (diverged, bad combination) is recorded; the study goes on
                 gc_after_trial=True,
-                callbacks=[TrialBudget(target),
+                callbacks=[budget,
                            lambda study, trial: log_best(study, client, parent, metric)],
             )  # fmt: skip
         else:

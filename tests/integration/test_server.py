@@ -26,6 +26,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from tests.conftest import free_port, train_command
+from tests.tune_support import trained_trials
 from training.tracking.server import PostgresCluster, ServerSetupError, pg_bin_dir, wait_until_up
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -198,9 +199,9 @@ def test_two_tuning_workers_share_one_postgresql_study(team_server, admin, synth
     assert all(team_server.db_password not in output for output in outputs)
 
     study = optuna.load_study(study_name="workers", storage=storage)
-    numbers = [t.number for t in study.trials]
-    assert sorted(numbers) == list(range(trials))  # none duplicated, none lost
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    trained = trained_trials(study, trials)
+    assert sorted(t.number for t in trained) == list(range(trials))  # none duplicated, none lost, no extra
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trained)
 
     client = admin
     runs = client.search_runs([client.get_experiment_by_name("task1").experiment_id],

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from mlflow import MlflowClient
 
-from tests.tune_support import tune_command
+from tests.tune_support import trained_trials, tune_command
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRIALS = 6
@@ -35,7 +35,7 @@ def test_two_workers_share_one_study(tmp_path):
         assert worker.returncode == 0, output[-5000:]
 
     study = optuna.load_study(study_name="task1-default", storage=f"sqlite:///{tmp_path}/optuna.db")
-    trials = study.get_trials()
+    trials = trained_trials(study, TRIALS)
     assert sorted(t.number for t in trials) == list(range(TRIALS))  # none lost, none duplicated, no extra
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
 

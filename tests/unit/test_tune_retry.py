@@ -61,3 +61,49 @@ def test_postgresql_storage_gets_pre_ping_and_a_connect_timeout_and_its_password
     assert ENGINE_KWARGS["postgresql"]["pool_pre_ping"] is True
     assert ENGINE_KWARGS["postgresql"]["connect_args"]["connect_timeout"] > 0
     assert redacted("postgresql://optuna:pw-123@db:5432/optuna") == "postgresql://optuna:***@db:5432/optuna"
+
+
+def test_two_workers_racing_for_the_last_slot_train_it_once():
+    study = optuna.create_study()
+    for value in (0.1, 0.2):
+        study.add_trial(optuna.create_trial(state=COMPLETE, value=value))
+    budget = TrialBudget(target=3)
+    # Both workers finished a trial at the same instant: each saw one free slot and asked for a trial.
+    first, second = study.ask(), study.ask()
+    assert budget.admits(study, first.number) and not budget.admits(study, second.number)
+    # Asked in either order, the answer is the same: the slot belongs to the lower number.
+    assert not budget.admits(study, second.number) and budget.admits(study, first.number)
+
+
+def test_a_queued_retry_is_admitted_even_when_every_slot_is_used():
+    study = optuna.create_study()
+    study.add_trial(optuna.create_trial(state=FAIL))  # trial 0, its worker died
+    study.add_trial(optuna.create_trial(state=COMPLETE, value=0.3))
+    study.add_trial(
+        optuna.create_trial(state=WAITING, system_attrs={"failed_trial": 0, "retry_history": [0]})
+    )  # fmt: skip
+    budget = TrialBudget(target=2)
+    retry = study.ask()  # pops the queued retry
+    assert retry.number == 2 and budget.admits(study, retry.number)
+    assert not budget.admits(study, study.ask().number)  # a new original would be a third trial
+
+
+def test_a_surplus_trial_ends_pruned_untrained_and_the_worker_stops(tmp_path):
+    from training.tuning.objective import SURPLUS_ATTR, Objective
+    from training.tuning.report import state_counts
+
+    study = optuna.create_study()
+    study.add_trial(optuna.create_trial(state=COMPLETE, value=0.4))
+    study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.RUNNING))  # the other worker's last trial
+    budget = TrialBudget(target=2)
+
+    def compose(overrides):
+        raise AssertionError("a surplus trial must not compose a training config")
+
+    objective = Objective(compose, [], None, "val/mAP", "maximize", "parent", "s", admits=budget.admits)
+    study.optimize(objective, n_trials=3, callbacks=[budget])
+    surplus = study.trials[-1]
+    assert len(study.trials) == 3  # the worker stopped after its surplus trial
+    assert surplus.state == optuna.trial.TrialState.PRUNED and surplus.user_attrs[SURPLUS_ATTR] is True
+    assert budget_count(study) == 2 and remaining(study, 2) == 0
+    assert state_counts(study) == {"COMPLETE": 1, "RUNNING": 1, "SURPLUS": 1}

@@ -46,6 +46,8 @@ TRIAL_TAG = "optuna.trial_number"
 STUDY_TAG = "optuna.study_name"
 WORKER_TAG = "optuna.worker"
 RUN_ATTR = "mlflow_run_id"
+#: User attribute of a trial that lost the race for the study's last slot: it is ended PRUNED without training.
+SURPLUS_ATTR = "cxrlt.surplus"
 
 
 class TrialRecorder(L.Callback):
@@ -115,10 +117,13 @@ class Objective:
         parent_run_id: the study's MLflow run; every trial run is nested under it.
         study_name: recorded on every trial run.
         worker: this worker's number (``tune.worker``), recorded on every trial run.
+        admits: ``(study, trial number) -> bool``, asked before anything else (the study's
+            :meth:`~training.tuning.study.TrialBudget.admits`); a trial it refuses ends PRUNED, marked surplus.
     """
 
     def __init__(self, compose: Callable[[list[str]], DictConfig], overrides: Sequence[str], space: SearchSpace,
-                 metric: str, direction: str, parent_run_id: str, study_name: str, worker: int = 0):  # fmt: skip
+                 metric: str, direction: str, parent_run_id: str, study_name: str, worker: int = 0,
+                 admits: Callable[[optuna.Study, int], bool] | None = None):  # fmt: skip
         self.compose = compose
         self.overrides = list(overrides)
         self.space = space
@@ -127,8 +132,13 @@ class Objective:
         self.parent_run_id = parent_run_id
         self.study_name = study_name
         self.worker = worker
+        self.admits = admits
 
     def __call__(self, trial: optuna.Trial) -> float:
+        if self.admits is not None and not self.admits(trial.study, trial.number):
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            log.info("trial %d: the study's trials are all taken by other workers; not training it", trial.number)
+            raise optuna.TrialPruned("surplus: every slot of tune.trials was taken by another worker")
         values = self.space.sample(trial)
         composed = self.compose(merge_overrides(self.overrides, to_overrides(values)))
         cfg = train_config(composed, self.metric, self.direction, f"{composed.run_name}-t{trial.number}")

@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from sqlalchemy.exc import SQLAlchemyError
 
 from training.tracking.session import git_commit, redact_text, tracking_uri
-from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG
+from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, SURPLUS_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +183,19 @@ def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client:
     return run_id
 
 
+def takes_slot(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``trial`` uses one of the study's ``tune.trials`` slots.
+
+    A slot belongs to an original trial, whatever its state (running and failed ones included). A retry of a
+    dead worker's trial (Optuna's ``failed_trial`` system attribute) fills its original's slot, and a surplus
+    trial never ran, so neither takes a slot of its own.
+    """
+    return "failed_trial" not in trial.system_attrs and not trial.user_attrs.get(SURPLUS_ATTR, False)
+
+
 def budget_count(study: optuna.Study) -> int:
-    """Trials that count against ``tune.trials``: all states, running and queued ones included, except failed
-    trials that a retry replaced (the retry counts instead)."""
-    trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials if (n := t.system_attrs.get("failed_trial")) is not None}
-    history = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    return len(trials) - len(retried | history)
+    """Slots of ``tune.trials`` already used (see :func:`takes_slot`)."""
+    return sum(takes_slot(t) for t in study.get_trials(deepcopy=False))
 
 
 def remaining(study: optuna.Study, target: int) -> int:
@@ -198,10 +204,15 @@ def remaining(study: optuna.Study, target: int) -> int:
 
 
 class TrialBudget:
-    """Stop this worker once the study holds ``target`` trials (Optuna's ``MaxTrialsCallback`` plus retries).
+    """Hold a study to ``target`` trials however many workers share it (Optuna's ``MaxTrialsCallback`` made exact).
 
-    Stale trials are failed first (Optuna's ``fail_stale_trials``), so a dead worker's trial is queued again
-    before the count is taken; and a worker never stops while a queued (WAITING) retry is left for it to run.
+    As a callback it stops this worker once every slot is used. Stale trials are failed first (Optuna's
+    ``fail_stale_trials``), so a dead worker's trial is queued again before the count is taken; and a worker
+    never stops while a queued (WAITING) retry is left for it to run.
+
+    The callback alone overshoots: two workers that finish at the same instant both see one free slot and both
+    ask for a trial. Trial numbers are handed out by the storage in creation order, so :meth:`admits`, asked at
+    the start of every trial, settles the race: the later trial finds every slot taken by lower-numbered ones.
     """
 
     def __init__(self, target: int):
@@ -214,3 +225,11 @@ class TrialBudget:
         waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         if not waiting and budget_count(study) >= self.target:
             study.stop()
+
+    def admits(self, study: optuna.Study, number: int) -> bool:
+        """Whether trial ``number`` may run: a retry always may; an original only while a slot is free for it."""
+        trials = study.get_trials(deepcopy=False)
+        (trial,) = (t for t in trials if t.number == number)
+        if "failed_trial" in trial.system_attrs:
+            return True
+        return sum(takes_slot(t) for t in trials if t.number < number) < self.target
