@@ -169,3 +169,19 @@ def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
     metrics = client.get_run(run.info.run_id).data.metrics
     assert metrics["test/mAP"] == pytest.approx(run.data.metrics["test/mAP"])  # same checkpoint, same data
     assert "test_gated/mAP" in metrics and "test_logit_adjusted/mAP" in metrics
+
+
+def test_the_same_seed_trains_the_same_model_again(smoke_runs):
+    """Seeded end to end, augmentation included: the repeat's losses and scores equal the first run's exactly."""
+    tmp, client, _ = smoke_runs
+    first = _runs(client)["regnetx_004"]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        train_command(tmp, "debug=smoke", f"model={MODELS[0]}", f"data.source.root={tmp}/synthetic",
+                      "trainer.enable_progress_bar=false", "tracking.experiment=repeat"),
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (repeat,) = client.search_runs([client.get_experiment_by_name("repeat").experiment_id])
+    for key in ("train/loss", "val/mAP", "test/mAP"):
+        assert repeat.data.metrics[key] == first.data.metrics[key], key

@@ -1,5 +1,7 @@
 """Data module: loaders give single-channel image tensors and task-ordered targets."""
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -66,3 +68,55 @@ def test_subset_cuts_each_split(make_manifest, task1_labels):
     dm.setup()
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [4, 10, 2]
     assert dm.class_counts.sum() == (dm.datasets["train"].targets.numpy() == 1).sum()
+
+
+def _augmenting(path, labels, seed, **kwargs):
+    from omegaconf import OmegaConf
+
+    steps = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs" / "augment" / "default.yaml").train
+    dm = _module(path, labels, train_augment=steps, seed=seed, batch_size=2, **kwargs)
+    dm.setup()
+    torch.manual_seed(0)  # what seed_everything does before fitting (the shuffle order, the workers' seeds)
+    return dm
+
+
+def _images(path, labels, seed):
+    dm = _augmenting(path, labels, seed)
+    dm.sampler = None  # a plain shuffle, seeded above, the same for every module
+    return [b["image"] for b in dm.train_dataloader()]
+
+
+def test_training_augmentation_follows_the_seed(make_manifest, task1_labels):
+    path = make_manifest(n=30)
+    first, again = _images(path, task1_labels, seed=3), _images(path, task1_labels, seed=3)
+    other = _images(path, task1_labels, seed=4)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+class _Probe(torch.utils.data.Dataset):
+    """Returns the augmentation pipeline's next random number instead of an image."""
+
+    def __init__(self, dataset):
+        self.transform, self.targets = dataset.transform, dataset.targets
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        return {"draw": torch.tensor(self.transform.random_generator.random()), "index": index}
+
+
+def _worker_draws(path, labels, seed):
+    dm = _augmenting(path, labels, seed=seed, num_workers=2)
+    dm.datasets["train"] = _Probe(dm.datasets["train"])
+    dm.sampler = None
+    return [b["draw"] for b in dm.train_dataloader()]
+
+
+def test_loader_workers_augment_differently_from_each_other_and_reproducibly(make_manifest, task1_labels):
+    path = make_manifest(n=30)
+    draws = _worker_draws(path, task1_labels, seed=3)
+    # batches alternate between the two workers: batch 0 is worker 0's first, batch 1 worker 1's first
+    assert not torch.equal(draws[0], draws[1])
+    assert all(torch.equal(a, b) for a, b in zip(draws, _worker_draws(path, task1_labels, seed=3), strict=True))

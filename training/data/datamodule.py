@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 import lightning.pytorch as L
 import numpy as np
-from torch.utils.data import DataLoader
+from lightning.fabric.utilities.seed import pl_worker_init_function
+from torch.utils.data import DataLoader, get_worker_info
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
 from training.data.dataset import ManifestDataset
 from training.data.findings import KNOWN_FINDINGS
 from training.data.manifest import Manifest, load_manifest
-from training.data.transforms import build_transform
+from training.data.transforms import build_transform, stream_seed
 from training.samplers.base import SamplingStrategy
 from training.samplers.distributed import EvalShardSampler, TrainShardSampler
 
@@ -36,7 +38,7 @@ class CXRDataModule(L.LightningDataModule):
         subset: optional ``{split: max images}`` to cut splits down (smoke runs); the first rows are kept so
             the cut is deterministic.
         extra_columns: non-label manifest columns to accept.
-        seed: seed for samplers.
+        seed: seed for samplers and training augmentation.
         resize: how non-square images become square (``pad``, ``crop``, ``stretch``; see
             :mod:`training.data.images`).
         cache: read the preprocessing cache of ``make prepare`` when one exists for this manifest and size.
@@ -119,8 +121,9 @@ class CXRDataModule(L.LightningDataModule):
         if len(rows) == 0:
             raise ValueError(f"{self.manifest.source_file}: split {split!r} is empty")
         steps = self.train_augment if split == "train" else None
+        transform = build_transform(steps, seed=self.seed if split == "train" else None)
         return ManifestDataset(
-            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, build_transform(steps),
+            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, transform,
             preload=self.preload, resize=self.resize, store=self.store,
             positions=positions if self.store is not None else None,
         )  # fmt: skip
@@ -144,14 +147,20 @@ class CXRDataModule(L.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     def train_dataloader(self) -> DataLoader:
-        """The strategy's sampler; under DDP each rank gets a disjoint, equal share of the same epoch draw."""
+        """The strategy's sampler; under DDP each rank gets a disjoint, equal share of the same epoch draw.
+
+        Augmentation is seeded too: per rank in the training process, per worker in loader workers (see
+        :func:`seed_augmentation_worker`), so a seeded run augments the same way twice.
+        """
         dataset = self.datasets["train"]
         sampler = self.sampler.build(dataset.targets.numpy(), self.seed) if self.sampler else None
         world, rank = self._processes()
         if world > 1:
             length = len(sampler) if sampler is not None else len(dataset)
             sampler = TrainShardSampler(sampler, length, world, rank, seed=self.seed)
-        return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True)
+        dataset.transform.set_random_seed(stream_seed(self.seed, rank))
+        return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True,
+                            worker_init_fn=partial(seed_augmentation_worker, rank=rank))  # fmt: skip
 
     def val_dataloader(self) -> DataLoader:
         return self._trainer_eval_loader("val")
@@ -172,7 +181,7 @@ class CXRDataModule(L.LightningDataModule):
         """Un-augmented, un-shuffled loader over a split, in manifest order."""
         return self._loader(self.datasets[split])
 
-    def _loader(self, dataset, shuffle=False, sampler=None, drop_last=False) -> DataLoader:
+    def _loader(self, dataset, shuffle=False, sampler=None, drop_last=False, worker_init_fn=None) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -181,4 +190,17 @@ class CXRDataModule(L.LightningDataModule):
             drop_last=drop_last and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            worker_init_fn=worker_init_fn,
         )
+
+
+def seed_augmentation_worker(worker_id: int, rank: int) -> None:
+    """Loader-worker start: Lightning's per-worker seeding, plus the augmentation pipeline's own random state.
+
+    Every worker receives a pickled copy of the same albumentations pipeline, random state included, so without
+    this all workers would draw the same augmentations in lockstep. PyTorch gives each worker a distinct seed,
+    drawn from the seeded global generator, which makes the per-worker streams both different and reproducible.
+    """
+    pl_worker_init_function(worker_id, rank)
+    info = get_worker_info()
+    info.dataset.transform.set_random_seed(stream_seed(info.seed, rank))
