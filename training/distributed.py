@@ -106,11 +106,14 @@ def _through_broadcast(trainer: L.Trainer, process: Process, make: Callable[[], 
             message[0] = {"error": f"{type(failure).__name__}: {failure}"}
     dist.broadcast_object_list(message, src=0, group=group)
     dist.destroy_process_group(group)
+    if error is None and "error" not in message[0]:
+        return message[0]["facts"]
+    # No ``fit`` will run to tear the process group down: do it here, or gloo's threads are still joinable at
+    # interpreter exit and the process dies of SIGABRT ("terminate called without an active exception").
+    dist.destroy_process_group()
     if error is not None:
         raise error
-    if "error" in message[0]:
-        raise RuntimeError(f"rank 0 failed before training: {message[0]['error']}")
-    return message[0]["facts"]
+    raise RuntimeError(f"rank 0 failed before training: {message[0]['error']}")
 
 
 def forget_shared() -> None:

@@ -147,6 +147,10 @@ try:
     print(json.dumps({"facts": share_from_rank_zero(trainer, process, make)}))
 except Exception as error:
     print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+import torch.distributed as dist
+print(json.dumps({"group_left_open": dist.is_initialized()}))  # open for fit only when the facts arrived
+if dist.is_initialized():
+    dist.destroy_process_group()  # what the end of fit does
 """
 
 
@@ -166,7 +170,9 @@ def test_ranks_started_together_get_rank_zero_facts_or_its_error(mode):
     for process in ranks:
         stdout, stderr = process.communicate(timeout=180)
         assert process.returncode == 0, stderr[-3000:]
-        results.append(json.loads(stdout.strip().splitlines()[-1]))
+        *_, result, group = stdout.strip().splitlines()
+        results.append(json.loads(result))
+        assert json.loads(group) == {"group_left_open": mode == "ok"}
     if mode == "ok":
         assert results == [{"facts": {"run_id": "abc", "made_by": 0}}] * 2
     else:
