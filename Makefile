@@ -56,8 +56,8 @@ tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=tas
 	$(PY) -m training.tune task=$(TASK) tune.trials=$(TRIALS) hparams_search=$(SEARCH) pruner=$(PRUNER) \
 		$(if $(STORAGE),'tune.storage="$(STORAGE)"') $(if $(STUDY),'tune.study="$(STUDY)"') $(ARGS)
 
-register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=val/mAP] [RUN=<id>]
-	$(PY) -m evaluation.registry --task $(TASK) --metric '$(or $(METRIC),val/mAP)' $(if $(RUN),--run $(RUN))
+register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
+	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN))
 
 serve: setup ## Serve the champion over REST on 127.0.0.1:$(PORT): make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \

@@ -1,7 +1,8 @@
 """``make register``: pick a task's best finished run, register it as ``cxrlt-<task>``, point ``champion`` at it.
 
-Ranking. Runs are ordered by ``--metric`` (default ``val/mAP``: chosen on validation, so the test set stays a
-test), then by the challenge's own order as tie-breaks: ``test/mAP``, ``test/mAUROC``, ``test/mF1``, then
+Ranking. Runs are ordered by ``--metric`` (default: the task's ``selection_metric`` from
+``configs/task/<task>.yaml``, the one its checkpoints were kept by, e.g. ``val/mAP`` for Task 1 and
+``val/proxy_ood_mAP`` for the zero-shot Task 2; always on validation, so the test set stays a test), then by the challenge's own order as tie-breaks: ``test/mAP``, ``test/mAUROC``, ``test/mF1``, then
 ``test/mECE`` (lower is better), then the earlier run. For a per-epoch metric the value of the kept checkpoint
 (``<metric>_best``, logged by the pipeline) is used when the run has it, otherwise the last logged value. Runs
 without the metric, unfinished runs (pruned trials are KILLED) and study parent runs are never candidates.
@@ -25,6 +26,7 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from omegaconf import OmegaConf
 
 from evaluation.serving import example_request, save_artifacts, scorer_from_run, signature
 
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # models-from-code: the registry stores code, no pickle
 ALIAS = "champion"
+TASK_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "task"
+FALLBACK_METRIC = "val/mAP"  # for an experiment that is not a task of configs/task/
 #: Challenge tie-breaks after the chosen metric: (metric key, larger is better).
 TIE_BREAKS: tuple[tuple[str, bool], ...] = (("test/mAP", True), ("test/mAUROC", True), ("test/mF1", True),
                                             ("test/mECE", False))  # fmt: skip
@@ -46,6 +50,14 @@ REQUIREMENTS = ("torch", "torchvision", "timm", "lightning", "albumentations", "
 
 def model_name(task: str) -> str:
     return f"cxrlt-{task}"
+
+
+def selection_metric(task: str) -> str:
+    """The metric ``task``'s runs are compared by: the same one training kept their checkpoints by."""
+    path = TASK_CONFIGS / f"{task}.yaml"
+    if not path.is_file():
+        return FALLBACK_METRIC
+    return str(OmegaConf.load(path).get("selection_metric", FALLBACK_METRIC))
 
 
 def larger_is_better(metric: str) -> bool:
@@ -159,7 +171,7 @@ def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", expe
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="task1")
-    parser.add_argument("--metric", default="val/mAP", help="ranking metric (default val/mAP)")
+    parser.add_argument("--metric", default=None, help="ranking metric (default: the task's selection_metric)")
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the task name)")
     parser.add_argument("--run", default=None, help="register this run id instead of the best one")
     parser.add_argument("--alias", default=ALIAS)
@@ -168,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
     mlflow.set_tracking_uri(uri)
-    version = register_best(MlflowClient(uri), args.task, args.metric, args.experiment, args.run, args.alias)
+    metric = args.metric or selection_metric(args.task)
+    version = register_best(MlflowClient(uri), args.task, metric, args.experiment, args.run, args.alias)
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
              args.alias, version.name, args.alias)  # fmt: skip
 
