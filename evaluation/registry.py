@@ -2,8 +2,9 @@
 
 Ranking. Runs are ordered by ``--metric`` (default: the task's ``selection_metric`` from
 ``configs/task/<task>.yaml``, the one its checkpoints were kept by, e.g. ``val/mAP`` for Task 1 and
-``val/proxy_ood_mAP`` for the zero-shot Task 2; always on validation, so the test set stays a test), then by the challenge's own order as tie-breaks: ``test/mAP``, ``test/mAUROC``, ``test/mF1``, then
-``test/mECE`` (lower is better), then the earlier run. For a per-epoch metric the value of the kept checkpoint
+``val/proxy_ood_mAP`` for the zero-shot Task 2; always on validation, so the test set stays a test), then by the
+challenge's own order as tie-breaks: ``test/mAP``, ``test/mAUROC``, ``test/mF1``, then ``test/mECE`` (lower is
+better), then the earlier run. For a per-epoch metric the value of the kept checkpoint
 (``<metric>_best``, logged by the pipeline) is used when the run has it, otherwise the last logged value. Runs
 without the metric, unfinished runs (pruned trials are KILLED) and study parent runs are never candidates.
 
