@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from training.tuning.objective import SURPLUS_ATTR
+from training.tuning.objective import is_surplus
 
 
 def tune_command(tmp: Path, trials: int, *overrides: str) -> list[str]:
@@ -26,8 +26,8 @@ def trained_trials(study: optuna.Study, target: int) -> list[optuna.trial.Frozen
     is at most one per extra worker, so the study never trains more than ``target`` trials.
     """
     trials = study.get_trials()
-    surplus = [t for t in trials if t.user_attrs.get(SURPLUS_ATTR)]
-    trained = [t for t in trials if not t.user_attrs.get(SURPLUS_ATTR)]
+    surplus = [t for t in trials if is_surplus(t)]
+    trained = [t for t in trials if not is_surplus(t)]
     for trial in surplus:
         assert trial.state == optuna.trial.TrialState.PRUNED and "mlflow_run_id" not in trial.user_attrs
         assert trial.number >= target

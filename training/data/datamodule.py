@@ -121,9 +121,8 @@ class CXRDataModule(L.LightningDataModule):
         if len(rows) == 0:
             raise ValueError(f"{self.manifest.source_file}: split {split!r} is empty")
         steps = self.train_augment if split == "train" else None
-        transform = build_transform(steps, seed=self.seed if split == "train" else None)
         return ManifestDataset(
-            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, transform,
+            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, build_transform(steps),
             preload=self.preload, resize=self.resize, store=self.store,
             positions=positions if self.store is not None else None,
         )  # fmt: skip

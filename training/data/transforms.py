@@ -19,19 +19,22 @@ GRAY_MEAN = 0.449  # mean of ImageNet's RGB means
 GRAY_STD = 0.226  # mean of ImageNet's RGB stds
 
 
-def build_transform(steps: Sequence | None, seed: int | None = None) -> A.Compose:
+def build_transform(steps: Sequence | None) -> A.Compose:
     """Compose the configured augmentation steps, then normalise and convert to a ``(1, H, W)`` float tensor.
 
     Args:
         steps: Hydra nodes with ``_target_`` naming an albumentations transform; ``None`` or empty for evaluation.
-        seed: seed of the pipeline's own random state. Albumentations 2 ignores the global seeds that
-            ``seed_everything`` sets, so without one every run augments differently.
     """
     transforms = [instantiate(step) for step in (steps or [])]
     transforms += [A.Normalize(mean=GRAY_MEAN, std=GRAY_STD, max_pixel_value=255.0), ToTensorV2()]
-    return A.Compose(transforms, seed=None if seed is None else stream_seed(seed))
+    return A.Compose(transforms)
 
 
 def stream_seed(*keys: int) -> int:
-    """A 32-bit seed mixed from ``keys`` (run seed, rank, worker seed), so related streams are unrelated."""
+    """A 32-bit seed mixed from ``keys`` (run seed, rank, worker seed), so related streams are unrelated.
+
+    For :meth:`albumentations.Compose.set_random_seed`: albumentations 2 keeps its own random state and ignores the
+    global seeds that ``seed_everything`` sets, so a pipeline that is not seeded this way augments differently on
+    every run.
+    """
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])

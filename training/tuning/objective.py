@@ -50,6 +50,11 @@ RUN_ATTR = "mlflow_run_id"
 SURPLUS_ATTR = "cxrlt.surplus"
 
 
+def is_surplus(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``trial`` lost the race for the study's last slot (and so never trained)."""
+    return bool(trial.user_attrs.get(SURPLUS_ATTR, False))
+
+
 class TrialRecorder(L.Callback):
     """Notes the MLflow run a trial writes to, and the objective's value after every validation.
 

@@ -24,7 +24,7 @@ from optuna.trial import TrialState  # noqa: E402
 from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
 
 from training.tracking.session import log_metric_batch  # noqa: E402
-from training.tuning.objective import SURPLUS_ATTR  # noqa: E402
+from training.tuning.objective import is_surplus  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def state_counts(study: optuna.Study) -> dict[str, int]:
     """
     counts: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):
-        state = "SURPLUS" if trial.user_attrs.get(SURPLUS_ATTR) else trial.state.name
+        state = "SURPLUS" if is_surplus(trial) else trial.state.name
         counts[state] = counts.get(state, 0) + 1
     return counts
 
@@ -55,7 +55,7 @@ def log_best(study: optuna.Study, client: MlflowClient, run_id: str, metric: str
     """Best value so far as ``best/<metric>`` (step = finished trials, so the UI draws its history) and counts."""
     finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     metrics = {f"study/n_{state.lower()}": n for state, n in state_counts(study).items()}
-    metrics["study/n_trials"] = sum(not t.user_attrs.get(SURPLUS_ATTR) for t in study.get_trials(deepcopy=False))
+    metrics["study/n_trials"] = sum(not is_surplus(t) for t in study.get_trials(deepcopy=False))
     if any(t.state == TrialState.COMPLETE for t in finished):
         best = study.best_trial
         metrics.update({f"best/{metric}": best.value, "best/trial": best.number})

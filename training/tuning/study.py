@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from sqlalchemy.exc import SQLAlchemyError
 
 from training.tracking.session import git_commit, redact_text, tracking_uri
-from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, SURPLUS_ATTR
+from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +183,18 @@ def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client:
     return run_id
 
 
+def is_retry(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``trial`` re-runs a dead worker's trial (Optuna's ``failed_trial`` system attribute)."""
+    return "failed_trial" in trial.system_attrs
+
+
 def takes_slot(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether ``trial`` uses one of the study's ``tune.trials`` slots.
 
-    A slot belongs to an original trial, whatever its state (running and failed ones included). A retry of a
-    dead worker's trial (Optuna's ``failed_trial`` system attribute) fills its original's slot, and a surplus
-    trial never ran, so neither takes a slot of its own.
+    A slot belongs to an original trial, whatever its state (running and failed ones included). A retry fills
+    its original's slot, and a surplus trial never ran, so neither takes a slot of its own.
     """
-    return "failed_trial" not in trial.system_attrs and not trial.user_attrs.get(SURPLUS_ATTR, False)
+    return not is_retry(trial) and not is_surplus(trial)
 
 
 def budget_count(study: optuna.Study) -> int:
@@ -230,6 +234,6 @@ class TrialBudget:
         """Whether trial ``number`` may run: a retry always may; an original only while a slot is free for it."""
         trials = study.get_trials(deepcopy=False)
         (trial,) = (t for t in trials if t.number == number)
-        if "failed_trial" in trial.system_attrs:
+        if is_retry(trial):
             return True
         return sum(takes_slot(t) for t in trials if t.number < number) < self.target
