@@ -8,6 +8,8 @@ TASK ?= task1
 ARGS ?=
 PORT ?= 5000
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+# The one resolution of the MLflow store (MLFLOW_TRACKING_URI > sqlite:///mlruns/mlflow.db), shared with the code.
+TRACKING_URI = $(PY) -m training.tracking.uri
 
 .DEFAULT_GOAL := help
 .PHONY: help setup prepare data-check train crt compare evaluate score tune register serve submit benchmark ui server test test-realdata test-slow test-server lint format bench clean
@@ -60,7 +62,7 @@ register: setup ## Register the best finished run as cxrlt-<task>@champion: make
 	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN))
 
 serve: setup ## Serve the champion over REST on 127.0.0.1:$(PORT): make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
+	MLFLOW_TRACKING_URI="$$($(TRACKING_URI))" PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
 		--env-manager local -h 127.0.0.1 -p $(PORT)
 
 submit: setup ## Validated submission CSV: make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv]
@@ -74,7 +76,7 @@ benchmark: setup ## Benchmark a model: make benchmark NAME=pneumonia MODEL=<run 
 	$(PY) -m evaluation.benchmarks.cli --name $(NAME) --model '$(MODEL)' --data-root '$(DATA_ROOT)' --version $(VERSION) $(ARGS)
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port $(PORT)
+	$(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)
 
 HOST ?= 127.0.0.1
 PG_PORT ?= 5432

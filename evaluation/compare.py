@@ -7,13 +7,13 @@ runs back from MLflow, so the table can be rebuilt any time from the tracking st
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 import pandas as pd
 from mlflow import MlflowClient
 
 from evaluation.groups import GROUPS
+from training.tracking.uri import tracking_client
 
 COLUMNS = ["test/mAP", "test/mAUROC"] + [f"test/group/{g}/mAP" for g in GROUPS] + ["test_perturbed/mAP"]
 
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--grid", required=True, help="the cxrlt.grid tag of the runs")
     parser.add_argument("--by", default="loss.name", help="param to group rows by (default loss.name)")
     args = parser.parse_args()
-    client = MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlruns/mlflow.db")
+    client = tracking_client()
     table = grid_table(client, args.experiment, args.grid, args.by)
     print(f"\ngrid {args.grid} in experiment {args.experiment}: mean ± std over seeds\n")
     print(table.to_string(index=False))

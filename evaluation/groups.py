@@ -1,4 +1,4 @@
-"""Head-to-tail groups by training prevalence (DESIGN §1): is the tail actually improving?"""
+"""Head-to-tail groups by training prevalence (docs/rules.md §5): is the tail actually improving?"""
 
 from __future__ import annotations
 

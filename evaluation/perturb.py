@@ -1,4 +1,4 @@
-"""The challenge's robustness set: a fixed perturbed copy of the evaluation images (DESIGN §1).
+"""The challenge's robustness set: a fixed perturbed copy of the evaluation images (docs/rules.md §4).
 
 Every model must meet *the same* perturbed pixels, otherwise a robustness gap between two runs could come from
 luckier draws rather than a better model. So the perturbation parameters are drawn from a fixed seed, per image

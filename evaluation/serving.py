@@ -34,49 +34,19 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
-from hydra.utils import get_class
 from mlflow import MlflowClient
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, Schema
-from omegaconf import OmegaConf
 from torch import nn
 
-from evaluation.thresholds import select_thresholds
 from evaluation.tta import TTAPredictor
 from training.data.images import read_grayscale
-from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
-from training.models.module import MultiLabelClassifier
+from training.runs import FinishedModel, load_finished
 
 #: File signatures -> suffix for bytes written to a temporary file, so the training decoder (which may pick a
 #: reader by suffix, e.g. DICOM) sees the same kind of file it would on disk.
 MAGIC_SUFFIXES: dict[bytes, str] = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg", b"II*\x00": ".tif", b"MM\x00*": ".tif"}
 DICOM_MAGIC = (128, b"DICM")
-
-
-class SeenAndUnseen(nn.Module):
-    """A zero-shot model as one network: ``(B, C + U)`` logits, the seen classes then the unseen ones."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.model(images), self.model.unseen_logits(images)], dim=1)
-
-
-def build_network(spec: dict, state_dict: dict) -> nn.Module:
-    """The run's network with its weights, in eval mode: the plain classifier, or the adapter with its unseen
-    classes appended to the output (``spec["adapter_cfg"]``)."""
-    model_cfg = {**spec["model_cfg"], "pretrained": False}  # the weights come from the run, never the network
-    adapter = spec.get("adapter_cfg") or {}
-    if adapter.get("_target_"):
-        model = get_class(adapter["_target_"])(model_cfg, spec["loss_cfg"], spec["labels"], adapter_cfg=adapter,
-                                               unseen=list(spec.get("unseen") or []))  # fmt: skip
-    else:
-        model = MultiLabelClassifier(model_cfg, spec["loss_cfg"], spec["labels"])
-    model.load_state_dict(state_dict)
-    model.eval()
-    return SeenAndUnseen(model).eval() if spec.get("unseen") else model
 
 
 class RequestError(ValueError):
@@ -85,58 +55,64 @@ class RequestError(ValueError):
 
 @dataclass
 class Scorer:
-    """A trained network plus the preprocessing it was trained with.
+    """A finished model (:mod:`training.runs`) as a scorer of decoded images, plain or through TTA.
 
-    Attributes:
-        model: the network with the run's best weights, in eval mode (a ``MultiLabelClassifier``, or
-            ``SeenAndUnseen`` around a zero-shot adapter).
-        image_size: square side images are decoded to (the run's ``data.image_size``).
-        labels: output label names, in column order (a zero-shot run: the seen classes, then the unseen ones).
-        thresholds: per-class thresholds chosen on validation (F1-maximising), or None.
-        run_id: the MLflow run the weights come from.
-        resize: how the run made its images square (``data.resize``: pad, crop or stretch); serving must do the
-            same, or a model trained on padded radiographs would be shown stretched ones.
-        spec_extra: what rebuilds the network beyond the plain classifier (``adapter_cfg``, ``unseen``).
+    Every output label gets a column: a zero-shot run's seen classes, then its unseen ones scored by the transfer
+    its checkpoint chose on validation.
     """
 
-    model: nn.Module
-    image_size: int
-    labels: list[str]
-    thresholds: list[float] | None = None
-    run_id: str | None = None
-    resize: str = "stretch"
-    spec_extra: dict | None = None
+    finished: FinishedModel
+
+    @classmethod
+    def load(cls, reference: str, client: MlflowClient | None = None) -> Scorer:
+        """A run id or ``models:/`` reference, loaded by :func:`training.runs.load_finished`."""
+        return cls(load_finished(reference, client))
+
+    @classmethod
+    def from_spec(cls, spec: dict, state_dict: dict) -> Scorer:
+        """Rebuild from the JSON spec and weights stored with a registered model (no tracking store needed)."""
+        return cls(FinishedModel.from_spec(spec, state_dict))
+
+    @property
+    def model(self) -> nn.Module:
+        return self.finished.scoring_network
 
     @property
     def network(self) -> nn.Module:
         """The trained module itself (weights and hparams as in the checkpoint), without the serving wrapper."""
-        return self.model.model if isinstance(self.model, SeenAndUnseen) else self.model
+        return self.finished.network
+
+    @property
+    def labels(self) -> list[str]:
+        return self.finished.output_labels
+
+    @property
+    def image_size(self) -> int:
+        return self.finished.image_size
+
+    @property
+    def resize(self) -> str:
+        return self.finished.resize
+
+    @property
+    def thresholds(self) -> list[float] | None:
+        return self.finished.thresholds
+
+    @property
+    def run_id(self) -> str | None:
+        return self.finished.run_id
 
     @property
     def submission_labels(self) -> list[str]:
         """The columns a default submission holds: a zero-shot run's unseen classes (Task 2), else every label."""
-        return list((self.spec_extra or {}).get("unseen") or self.labels)
-
-    @classmethod
-    def from_spec(cls, spec: dict, state_dict: dict) -> Scorer:
-        """Rebuild from the JSON spec and weights stored with a registered model (no download: pretrained off)."""
-        extra = {key: spec[key] for key in ("adapter_cfg", "unseen") if spec.get(key)}
-        labels = list(spec["labels"]) + list(extra.get("unseen", []))
-        return cls(build_network(spec, state_dict), int(spec["image_size"]), labels, spec.get("thresholds"),
-                   spec.get("run_id"), spec.get("resize", "stretch"), extra or None)  # fmt: skip
+        return list(self.finished.unseen or self.labels)
 
     def spec(self) -> dict:
-        """The JSON-able description :meth:`from_spec` rebuilds from (weights apart)."""
-        extra = self.spec_extra or {}
-        hparams = self.network.hparams
-        seen = self.labels[: len(self.labels) - len(extra.get("unseen", []))]
-        return {"run_id": self.run_id, "image_size": self.image_size, "resize": self.resize, "labels": seen,
-                "thresholds": self.thresholds, "model_cfg": dict(hparams["model_cfg"]),
-                "loss_cfg": dict(hparams["loss_cfg"]), "normalisation": {"mean": GRAY_MEAN, "std": GRAY_STD}, **extra}  # fmt: skip
+        return self.finished.spec()
 
     def tensors(self, images: np.ndarray) -> torch.Tensor:
         """``(N, H, W)`` uint8 -> ``(N, 1, H, W)`` float through the evaluation transform used in training."""
-        transform = build_transform(None)
+        transform = self.finished.transform
         return torch.stack([transform(image=image)["image"] for image in images])
 
     def predict_images(self, images: np.ndarray, tta: TTAPredictor | None = None) -> np.ndarray:
@@ -146,39 +122,7 @@ class Scorer:
 
     def predict_files(self, paths: Sequence[str | Path], tta: TTAPredictor | None = None) -> np.ndarray:
         """``(N, C)`` probabilities for image files, decoded exactly as in training."""
-        return self.predict_images(np.stack([read_grayscale(p, self.image_size, self.resize) for p in paths]), tta)
-
-
-def scorer_from_run(client: MlflowClient, run_id: str) -> Scorer:
-    """A finished run's scorer: its ``config.yaml``, ``checkpoints/best.ckpt`` and validation thresholds."""
-    run = client.get_run(run_id)
-    if run.info.status != "FINISHED":
-        raise ValueError(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = OmegaConf.load(client.download_artifacts(run_id, "config.yaml", tmp))
-        state = torch.load(client.download_artifacts(run_id, "checkpoints/best.ckpt", tmp), map_location="cpu",
-                           weights_only=True)  # fmt: skip
-        thresholds = _validation_thresholds(client, run_id, list(cfg.task.labels), Path(tmp))
-    spec = {"run_id": run_id, "image_size": int(cfg.data.image_size), "resize": cfg.data.get("resize", "stretch"),
-            "labels": list(cfg.task.labels),
-            "thresholds": thresholds, "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
-            "loss_cfg": OmegaConf.to_container(cfg.loss, resolve=True)}  # fmt: skip
-    adapter = OmegaConf.to_container(cfg.adapter, resolve=True) if cfg.get("adapter") else {}
-    if adapter.get("_target_"):
-        spec.update(adapter_cfg=adapter, unseen=list(cfg.task.get("unseen") or []))
-    return Scorer.from_spec(spec, state["state_dict"])
-
-
-def _validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], tmp: Path) -> list[float] | None:
-    """Per-class F1-maximising thresholds from the run's ``predictions/val.csv``, or None when it has none."""
-    try:
-        frame = pd.read_csv(client.download_artifacts(run_id, "predictions/val.csv", str(tmp)))
-    except Exception:  # noqa: BLE001 - an older or partial run simply has no thresholds to carry
-        return None
-    if not all(name in frame and f"true/{name}" in frame for name in labels):
-        return None
-    targets = frame[[f"true/{name}" for name in labels]].to_numpy(dtype=float)  # (N, C), -1 = not labelled
-    return [float(t) for t in select_thresholds(targets, frame[labels].to_numpy(dtype=float))]
+        return self.predict_images(np.stack([self.finished.decode(p) for p in paths]), tta)
 
 
 # ------------------------------------------------------------------------------------------- request decoding

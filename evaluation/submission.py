@@ -1,6 +1,6 @@
 """The challenge submission file: building it in the organisers' format and validating it before it is written.
 
-Format (DESIGN §1): ``ImageID`` then one probability column per class. Without the organisers' template the
+Format (docs/rules.md §1): ``ImageID`` then one probability column per class. Without the organisers' template the
 class columns follow :data:`training.data.label_names.ORGANISER_SPELLING` in the model's label order; with the
 template, its header is copied exactly (names, order, id column) and each of its class columns is matched to a
 model label through :func:`training.data.label_names.canonical_name`, so a spelling difference can never leave a

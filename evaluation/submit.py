@@ -22,46 +22,29 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from evaluation.registry import ALIAS, DEFAULT_URI, model_name
-from evaluation.serving import Scorer, scorer_from_run
+from evaluation.registry import ALIAS, model_name
+from evaluation.serving import Scorer
 from evaluation.submission import SubmissionError, Template, build_submission, validate, validate_file
 from evaluation.tta import TTAPredictor
 from training.data.images import read_grayscale
+from training.runs import read_config
+from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
 
 TTA_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "tta"
 
 
-def _registered(uri: str, client: MlflowClient) -> Scorer:
-    return mlflow.pyfunc.load_model(uri).unwrap_python_model().scorer
-
-
-def _run(uri: str, client: MlflowClient) -> Scorer:
-    return scorer_from_run(client, uri.removeprefix("runs:/").strip("/").split("/")[0])
-
-
-#: URI prefix -> how a member is loaded; anything else is taken as a run id.
-LOADERS = {"models:/": _registered, "runs:/": _run}
-
-
-def load_member(uri: str, client: MlflowClient) -> Scorer:
-    """A scorer from a registry URI, a ``runs:/`` URI or a bare run id."""
-    loader = next((load for prefix, load in LOADERS.items() if uri.startswith(prefix)), _run)
-    return loader(uri, client)
-
-
 def run_manifest(client: MlflowClient, run_id: str) -> tuple[Path, Path]:
-    """``(manifest CSV, image root)`` of the data a run was trained on, rebuilt from its ``config.yaml``."""
+    """``(manifest CSV, image root)`` of the data a run was trained on, rebuilt from its checked ``config.yaml``."""
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = OmegaConf.load(client.download_artifacts(run_id, "config.yaml", tmp))
+        cfg = read_config(client, run_id, tmp)
     source = instantiate(cfg.data.source)
     return Path(source.prepare()), Path(source.root)
 
@@ -105,7 +88,7 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
            manifest: Path | None = None, root: Path | None = None, split: str = "test",
            tta: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Predict, build, validate, write and log a submission; returns the written frame."""
-    members = [load_member(uri, client) for uri in models]
+    members = [Scorer.load(uri, client) for uri in models]
     labels = members[0].labels
     if manifest is None:
         manifest, root = run_manifest(client, members[0].run_id)
@@ -140,11 +123,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-    mlflow.set_tracking_uri(uri)
+    uri = resolve_tracking_uri()
     models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
     out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
-    frame = submit(MlflowClient(uri), models, out, args.template, args.manifest, args.root, args.split, args.tta)
+    frame = submit(tracking_client(uri), models, out, args.template, args.manifest, args.root, args.split, args.tta)
     log.info("wrote %s: %d rows x %d classes, validated; logged to the source run(s)", out, len(frame),
              frame.shape[1] - 1)  # fmt: skip
 

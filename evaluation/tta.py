@@ -1,6 +1,6 @@
 """Test-time augmentation: run a model on several views of each image and merge the predictions.
 
-TTA is reported on its own (``test_tta/...``), never mixed into the plain or perturbed reports (DESIGN §1).
+TTA is reported on its own (``test_tta/...``), never mixed into the plain or perturbed reports (docs/rules.md §4).
 
 Views operate on batches that are already normalised ``(B, 1, H, W)`` float tensors, as the project's
 DataLoader yields them, so TTA needs no second data pipeline and runs on the model's device. Wherever a view

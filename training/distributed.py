@@ -1,6 +1,6 @@
 """Which process of a (possibly) distributed training this is, and how the others learn rank 0's run.
 
-DESIGN §4 asks for one MLflow run per training however many processes take part, so only rank 0 may open the run.
+docs/rules.md §7 asks for one MLflow run per training however many processes take part, so only rank 0 may open the run.
 The other ranks still need two facts from it before ``fit`` starts: the run's checkpoint folder and the checkpoint
 to resume from (every rank restores the same trainer state, or their epoch counters would disagree and DDP would
 hang). How those facts travel depends on who started the processes:
@@ -85,7 +85,7 @@ def _through_environment(process: Process, make: Callable[[], dict]) -> dict:
     if shared is None:
         raise RuntimeError(
             f"rank {process.rank} of {process.world_size} was not started by rank 0's process, so it cannot learn "
-            "rank 0's MLflow run; start multi-node DDP with torchrun or SLURM srun (README, 'Scaling out')"
+            "rank 0's MLflow run; start multi-node DDP with torchrun or SLURM srun (docs/scaling.md)"
         )
     return json.loads(shared)
 

@@ -8,20 +8,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import lightning.pytorch as L
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation.evaluate import evaluate, store
+from evaluation.test_phase import run_test_phase
 from training.checkpoint_io import AtomicCheckpointIO
 from training.components import build_component
 from training.data.datamodule import CXRDataModule
 from training.distributed import forget_shared, process_of, share_from_rank_zero
+from training.models.factory import model_from_config
 from training.models.module import MultiLabelClassifier
 from training.tracking.session import TrackingSession, open_session, tracking_uri
+from training.tracking.uri import tracking_client
 from training.zeroshot.leak_guard import guard_unseen
-from training.zeroshot.report import report_unseen
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +44,6 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
         resize=cfg.data.get("resize", "stretch"),
         cache=cfg.data.get("cache", True),
         cache_root=cfg.data.get("cache_root") or "data/cache/prepared",
-    )
-
-
-def build_model(cfg: DictConfig) -> MultiLabelClassifier:
-    """The plain classifier, or the ``configs/adapter`` module (a ``MultiLabelClassifier`` subclass) when set."""
-    args = (
-        OmegaConf.to_container(cfg.model, resolve=True),
-        OmegaConf.to_container(cfg.loss, resolve=True),
-        list(cfg.task.labels),
-    )
-    adapter = cfg.get("adapter")
-    if not adapter or not adapter.get("_target_"):  # adapter=none
-        return MultiLabelClassifier(*args)
-    return get_class(adapter._target_)(
-        *args, adapter_cfg=OmegaConf.to_container(adapter, resolve=True), unseen=list(cfg.task.get("unseen") or [])
     )
 
 
@@ -122,7 +107,7 @@ def run_training(
     checkpoint.dirpath = run["checkpoint_dir"]
     if not process.is_zero:  # trains its share, logs nothing; cRT may still read the parent run's checkpoint
         try:
-            _fit(cfg, trainer, datamodule, stage, MlflowClient(tracking_uri(cfg)), run["resume_from"])
+            _fit(cfg, trainer, datamodule, stage, tracking_client(tracking_uri(cfg)), run["resume_from"])
         finally:
             forget_shared()
         return run["run_id"]
@@ -154,7 +139,7 @@ def _run_tags(cfg: DictConfig, datamodule: CXRDataModule) -> dict[str, str]:
 
 
 def _fit(cfg: DictConfig, trainer: L.Trainer, datamodule: CXRDataModule, stage, client, resume_from: str | None):
-    model = build_model(cfg)
+    model = model_from_config(cfg)
     stage.prepare(model, client)  # on resume the weights then come from last.ckpt; freezing still holds
     trainer.fit(model, datamodule=datamodule, ckpt_path=resume_from)
     if trainer.interrupted:
@@ -176,10 +161,7 @@ def _test(
         else {}
     )
     session.log_metrics({"best_epoch": state["epoch"], **best_score})
-    evaluation = evaluate(model, datamodule, cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        store(evaluation, session.log_metrics, session.log_artifacts, Path(tmp), cfg.evaluation.plots)
+    evaluation, _ = run_test_phase(model, datamodule, cfg, session)  # zero-shot tasks: test_unseen/... too
     log.info("test/mAP %.4f [%.4f, %.4f] (prevalence baseline %.4f)", *(evaluation.metrics.get(k, float("nan"))
              for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/prevalence_baseline_mAP")))  # fmt: skip
-    report_unseen(model, datamodule, cfg, session)  # zero-shot tasks only: test_unseen/...
     session.log_artifact(best, "checkpoints")

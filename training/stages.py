@@ -9,11 +9,10 @@ stage saw most.
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
 
-import torch
 from torch import nn
+
+from training.runs import load_finished
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +49,7 @@ class ClassifierRetraining(Stage):
         self.reinit_head = reinit_head
 
     def prepare(self, model, client) -> None:
-        parent = client.get_run(self.parent_run)
-        if parent.info.status != "FINISHED":
-            raise ValueError(f"run {self.parent_run} is {parent.info.status}; cRT needs a finished first stage")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(client.download_artifacts(self.parent_run, "checkpoints/best.ckpt", tmp))
-            state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        state = load_finished(self.parent_run, client).network.state_dict()
         backbone = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
         model.backbone.load_state_dict(backbone)
         if not self.reinit_head:

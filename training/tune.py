@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 import hydra
 import optuna
 from hydra.core.hydra_config import HydraConfig
-from mlflow import MlflowClient
 from omegaconf import DictConfig
 
 from training.tracking.session import check_reachable, tracking_uri
+from training.tracking.uri import tracking_client
 from training.tuning.objective import Objective
 from training.tuning.report import log_best, state_counts, write_report
 from training.tuning.space import SearchSpace
@@ -29,7 +29,7 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     check_reachable(tracking_uri(cfg))  # a stopped tracking server fails in seconds, before any trial starts
     study, created = open_study(cfg, build_storage(cfg))
     existing = await_parent(study, created)  # before any MLflow access (see await_parent)
-    client = MlflowClient(tracking_uri(cfg))
+    client = tracking_client(tracking_uri(cfg))
     parent = parent_run(cfg, study, existing, client)
     metric, target = str(cfg.tune.metric), int(cfg.tune.trials)
     budget = TrialBudget(target)

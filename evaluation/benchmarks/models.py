@@ -3,7 +3,7 @@
 | spec | kind | class |
 |---|---|---|
 | ``<run id>`` or ``run:<run id>`` | a platform training run | :class:`PlatformRunEncoder` |
-| ``models:/<name>@<alias>``, ``models:/<name>/<version>`` | a registered model version | :class:`RegisteredModelEncoder` |
+| ``models:/<name>@<alias>``, ``models:/<name>/<version>`` | a registered model version | :class:`PlatformRunEncoder` |
 | ``clip:<open_clip model>[:<pretrained>]`` | an open_clip image-text model | :class:`ClipEncoder` |
 
 A new kind is one :class:`~evaluation.benchmarks.encoders.Encoder` subclass and one entry in :data:`MODEL_KINDS`.
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from evaluation.benchmarks.clip_models import ClipEncoder
 from evaluation.benchmarks.encoders import Encoder, Target
-from evaluation.benchmarks.platform_models import PlatformRunEncoder, RegisteredModelEncoder
+from evaluation.benchmarks.platform_models import PlatformRunEncoder
 
 MODEL_KINDS: dict[str, type[Encoder]] = {
     "run": PlatformRunEncoder,
-    "models": RegisteredModelEncoder,
+    "models": PlatformRunEncoder,
     "clip": ClipEncoder,
 }
 """Spec prefix (the text before the first ``:``; ``run`` when there is none) -> encoder class."""

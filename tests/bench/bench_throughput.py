@@ -26,7 +26,8 @@ from hydra import compose, initialize_config_dir
 
 from training.data.findings import CXRLT_FINDINGS
 from training.models.backbone import create_backbone
-from training.pipeline import build_datamodule, build_model
+from training.models.factory import model_from_config
+from training.pipeline import build_datamodule
 from training.tracking.session import open_session
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -63,7 +64,7 @@ def platform_round(cfg, steps: int, warmup: int) -> float:
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    model = build_model(cfg)
+    model = model_from_config(cfg)
     session = open_session(cfg, {"benchmark": "throughput"})
     timer = StepTimer(warmup)
     trainer_args = {**cfg.trainer, "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0}

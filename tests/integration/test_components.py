@@ -9,7 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from training.pipeline import build_datamodule, build_model
+from training.models.factory import model_from_config
+from training.pipeline import build_datamodule
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 LOSSES = sorted(p.stem for p in (CONFIGS / "loss").glob("*.yaml"))
@@ -30,7 +31,7 @@ def _fit(manifest: Path, *overrides: str):
                                           "data.batch_size=4", "model=resnet18", "model.backbone=resnet10t", *overrides])  # fmt: skip
     datamodule = build_datamodule(cfg)
     datamodule.setup("fit")
-    model = build_model(cfg)
+    model = model_from_config(cfg)
     recorder = LossRecorder()
     trainer = L.Trainer(max_steps=3, limit_val_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder])  # fmt: skip

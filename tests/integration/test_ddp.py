@@ -28,7 +28,8 @@ from tests.conftest import PROJECT_ROOT, free_port, train_command
 from training.data.datamodule import CXRDataModule
 from training.data.sources import ManifestSource
 from training.distributed import SHARED_ENV, Process, process_of, share_from_rank_zero
-from training.pipeline import build_datamodule, build_model
+from training.models.factory import model_from_config
+from training.pipeline import build_datamodule
 from training.samplers.distributed import EvalShardSampler, TrainShardSampler
 from training.samplers.random import RandomSampling
 
@@ -84,7 +85,7 @@ def best_model(ddp_run, tmp_path_factory):
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("test")
-    model = build_model(cfg)
+    model = model_from_config(cfg)
     model.load_state_dict(state["state_dict"])
     model.eval()
     return run, cfg, datamodule, model, state

@@ -1,4 +1,4 @@
-"""The team tracking server (DESIGN §6): PostgreSQL, basic auth, served artifacts, tuning workers, outages, secrets.
+"""The team tracking server (docs/rules.md §9): PostgreSQL, basic auth, served artifacts, tuning workers, outages, secrets.
 
 Tests marked ``server`` (``make test-server``) start a throwaway PostgreSQL cluster in a temporary folder on a
 free port and the tracking server exactly as ``make server`` does (``python -m training.tracking.server``). The

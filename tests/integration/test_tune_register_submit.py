@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 
 from evaluation.submission import Template, validate_file
 from evaluation.submit import submit
-from tests.conftest import free_port, wait_for_http
+from tests.conftest import PROJECT_ROOT, free_port, wait_for_http
 from tests.tune_support import tune_command
 from training.data.findings import TASK1_LABELS
 from training.data.label_names import ORGANISER_SPELLING
@@ -195,17 +195,16 @@ def _score(base: str, frame: dict) -> list[dict]:
     return json.load(urllib.request.urlopen(request, timeout=60))["predictions"]
 
 
-def test_served_champion_scores_an_image_like_the_submission(study, champion, submission):
+def test_make_serve_scores_an_image_like_the_submission(study, champion, submission):
     tmp = study["tmp"]
     manifest_path, manifest = _manifest(tmp)
     row = manifest[manifest["image_id"] == submission["ids"][0]].iloc[0]
     image = manifest_path.parent / row["path"]
     port = free_port()
-    env = {**study["env"], "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # uvicorn
+    # The command a user types (the Makefile once broke while a test calling mlflow directly passed).
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "models", "serve", "-m", "models:/cxrlt-task1@champion",
-         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        ["make", "--no-print-directory", "-C", str(PROJECT_ROOT), "serve", "TASK=task1", f"PORT={port}"],
+        env=study["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:

@@ -68,14 +68,20 @@ def test_serving_uses_the_runs_resize_mode(tmp_path):
     assert not np.array_equal(decode_request(frame, 32, "stretch")[0], expected)
 
 
-def test_scorer_spec_carries_resize():
-    from evaluation.serving import Scorer
+def test_registered_spec_round_trip_keeps_geometry_thresholds_and_outputs():
+    """The served model is rebuilt from spec.json + weights alone: same resize mode, thresholds and outputs."""
+    import torch
 
-    scorer = Scorer.__new__(Scorer)
-    scorer.run_id, scorer.image_size, scorer.labels, scorer.thresholds, scorer.resize = "r", 32, ["Mass"], None, "pad"
+    from training.models.factory import build_model
+    from training.runs import FinishedModel
 
-    class Hparams:
-        hparams = {"model_cfg": {"backbone": "resnet18"}, "loss_cfg": {"name": "bce"}}
-
-    scorer.model = Hparams()
-    assert scorer.spec()["resize"] == "pad"
+    torch.manual_seed(0)
+    model_cfg = {"backbone": "resnet18", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}
+    network = build_model(model_cfg, {"_target_": "training.losses.bce.BCELoss"}, ["Mass", "Nodule"]).eval()
+    finished = FinishedModel(network, ["Mass", "Nodule"], image_size=32, resize="pad", thresholds=[0.2, 0.7], run_id="r")
+    rebuilt = FinishedModel.from_spec(finished.spec(), network.state_dict())
+    assert (rebuilt.resize, rebuilt.image_size, rebuilt.thresholds, rebuilt.labels) == ("pad", 32, [0.2, 0.7], ["Mass", "Nodule"])
+    assert rebuilt.network.hparams["model_cfg"]["pretrained"] is False  # never a download when serving
+    images = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(rebuilt.scoring_network(images), finished.scoring_network(images))

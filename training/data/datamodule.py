@@ -140,6 +140,23 @@ class CXRDataModule(L.LightningDataModule):
         """Manifest rows of a split, cut like its dataset, for writing predictions."""
         return self.manifest.split(split).iloc[: len(self.datasets[split])]
 
+    def unseen_test_targets(self, unseen: Sequence[str]) -> np.ndarray:
+        """``(N, U)`` test targets of a zero-shot task's unseen classes, aligned with the test split (-1 = missing).
+
+        Read here and only here, from the full manifest the leak guard set aside: training never saw them.
+
+        Raises:
+            ValueError: the manifest has no such columns or its test rows differ from the training manifest's.
+        """
+        manifest_path = getattr(self.source, "full_manifest", None) or self.source.prepare()
+        full = load_manifest(manifest_path, list(unseen), KNOWN_FINDINGS, root=self.source.root, check_files=False,
+                             extra_columns=tuple(getattr(self.source, "extra_columns", ())))  # fmt: skip
+        rows = self.split_frame("test")
+        full_rows = full.split("test").iloc[: len(rows)]
+        if list(full_rows["image_id"]) != list(rows["image_id"]):
+            raise ValueError(f"{manifest_path}: test rows differ from the training manifest's; cannot align labels")
+        return full.targets("test")[: len(rows)]
+
     def _processes(self) -> tuple[int, int]:
         """``(world size, rank)`` of the Trainer using this module; ``(1, 0)`` outside one (evaluation, tests)."""
         trainer = self.trainer

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.images import ImageDecodeError
+from training.data.decode_errors import ImageDecodeError
 
 
 def read_dicom(path: str | Path) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The finding names the platform knows, in the challenge's spelling (DESIGN §1).
+"""The finding names the platform knows, in the challenge's spelling (docs/rules.md §1).
 
 One place for them, so a manifest column can be checked against the full vocabulary and a typo is caught
 instead of becoming a new, always-negative class.

@@ -24,14 +24,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from training.data.decode_errors import ImageDecodeError
+
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"IEND\xaeB`\x82"
 JPEG_START, JPEG_END = b"\xff\xd8", b"\xff\xd9"
 TAIL_BYTES = 4096  # encoders may pad after the end marker; look for it in the last few KB
-
-
-class ImageDecodeError(OSError):
-    """An image file exists but cannot be decoded; the message names the file and the reason."""
 
 
 def to_uint8(image: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Loading and validating the manifest: the one table every dataset is turned into (DESIGN §3).
+"""Loading and validating the manifest: the one table every dataset is turned into (docs/rules.md §6).
 
 Validation runs before any model is built, so a broken dataset fails in seconds with every problem listed by
 row and column, instead of training silently on half the data.

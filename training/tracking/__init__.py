@@ -1,1 +1,1 @@
-"""The single tracking path: every run, metric and artifact goes through MLflow (DESIGN §4)."""
+"""The single tracking path: every run, metric and artifact goes through MLflow (docs/rules.md §7)."""

@@ -21,7 +21,7 @@ Command line (what ``make server`` runs)::
         [--dir mlruns/server] [--pg-port 5432] [--database-url postgresql://mlflow@db-host:5432/mlflow]
 
 Without ``--database-url`` a local cluster is created (once) under ``<dir>/pgdata``; with it, the role and
-databases are expected to exist (see the README's team tracking server section) and the password comes from
+databases are expected to exist (see docs/scaling.md, "A team tracking server") and the password comes from
 ``PGPASSWORD`` or the user's ``~/.pgpass``.
 """
 

@@ -41,6 +41,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from training.tracking.uri import is_local_store, resolve_tracking_uri, tracking_client
+
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "cxrlt.run_key"
@@ -315,6 +317,11 @@ class TrackingSession:
         self.await_server()
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.await_server()
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         """Log final (non-epoch) metrics in MLflow's batch-size chunks."""
         self.await_server()
@@ -356,8 +363,8 @@ def reconnect_timeout(cfg: DictConfig) -> float:
 
 
 def tracking_uri(cfg: DictConfig) -> str:
-    """``MLFLOW_TRACKING_URI`` wins over the config, so one variable points every run at a team server."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.uri
+    """The store a training config points at (:func:`training.tracking.uri.resolve_tracking_uri` decides)."""
+    return resolve_tracking_uri(cfg.tracking.get("uri"))
 
 
 def run_key(cfg: DictConfig) -> str:
@@ -406,9 +413,7 @@ def _find_resumable(uri: str, experiment_name: str, key: str, checkpoint_root: P
 
     Uses a plain ``MlflowClient``: touching ``MLFlowLogger.experiment`` would create an empty run.
     """
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
+    client = tracking_client(uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
@@ -436,7 +441,7 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     uri = tracking_uri(cfg)
     check_reachable(uri)
     checkpoint_root = Path(cfg.tracking.checkpoint_root).resolve()
-    local_store = uri.startswith(("sqlite:", "file:")) or "://" not in uri
+    local_store = is_local_store(uri)
     # A local store gets its artifacts under mlruns/artifacts; a tracking server decides for itself.
     artifact_location = Path(cfg.tracking.artifact_root).resolve().as_uri() if local_store else None
     key = run_key(cfg)

@@ -30,6 +30,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 
 from training.pipeline import error_status, run_training
 from training.tracking.session import redact_text, tracking_uri
+from training.tracking.uri import tracking_client
 from training.tuning.space import SearchSpace, to_overrides
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class Objective:
         A trial that failed before fitting began has no run id in the recorder; its run, if the pipeline got as
         far as creating one, is found by its study and trial-number tags.
         """
-        client = MlflowClient(tracking_uri(cfg))
+        client = tracking_client(tracking_uri(cfg))
         run_id = recorder.run_id or self._find_run(client, cfg, recorder.trial.number)
         if run_id is None:  # failed before a run existed (e.g. a data error): nothing to tag
             return

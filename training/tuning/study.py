@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from sqlalchemy.exc import SQLAlchemyError
 
 from training.tracking.session import git_commit, redact_text, tracking_uri
+from training.tracking.uri import is_local_store, tracking_client
 from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
         run_id = trial.user_attrs.get(RUN_ATTR)
         log.warning("trial %d stopped beating (worker gone); marked FAIL and queued again", trial.number)
         if run_id:
-            client = MlflowClient(uri)
+            client = tracking_client(uri)
             client.set_tag(run_id, STATE_TAG, "FAIL")
             client.set_terminated(run_id, "KILLED")
         retry(study, trial)
@@ -142,8 +143,7 @@ def experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
     if experiment is not None:
         return experiment.experiment_id
     uri = tracking_uri(cfg)
-    local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
-    location = Path(cfg.tracking.artifact_root).resolve().as_uri() if local else None
+    location = Path(cfg.tracking.artifact_root).resolve().as_uri() if is_local_store(uri) else None
     try:
         return client.create_experiment(cfg.tracking.experiment, artifact_location=location)
     except Exception:  # created meanwhile by another worker

@@ -1,6 +1,6 @@
 """The clip adapter: any open_clip model scoring every class by a positive/negative prompt softmax.
 
-Per class ``c`` two ensembled text embeddings (DESIGN §5): ``t+_c`` from the positive templates ("a chest x-ray
+Per class ``c`` two ensembled text embeddings (docs/rules.md §8): ``t+_c`` from the positive templates ("a chest x-ray
 showing {}") x phrasings (+ description) and ``t-_c`` from the negative ones ("... showing no {}"). With ``z`` the
 unit image embedding and ``s`` the model's logit scale, ``P(c) = softmax(s z.t+_c, s z.t-_c)[0]``, which equals
 ``sigmoid(s (z.t+_c - z.t-_c))``: the head returns that difference as a logit, so every sigmoid-based part of the

@@ -1,4 +1,4 @@
-"""Class embeddings: template ensembling (DESIGN §5) and an on-disk cache keyed by encoder and bank content.
+"""Class embeddings: template ensembling (docs/rules.md §8) and an on-disk cache keyed by encoder and bank content.
 
 A class's embedding is the mean of the L2-normalised embeddings of all its texts (templates x phrasings, plus
 its description), re-normalised: each text counts once whatever its length, and the result is again a unit

@@ -1,6 +1,6 @@
 """Leak guard: a zero-shot task trains on a manifest from which the unseen label columns were removed.
 
-Task 2 forbids supervised labels of its six findings (DESIGN §1). The data module only builds targets for the
+Task 2 forbids supervised labels of its six findings (docs/rules.md §1). The data module only builds targets for the
 task's seen labels, but "only" is a property of code that can change; the guard makes it a property of the data:
 the training run reads a copy of the manifest without the unseen columns at all, so no later change to target
 building, sampling or loss code can ever reach them. The full manifest is kept aside (``full_manifest``) and read

@@ -1,11 +1,11 @@
-"""The unseen-class report: zero-shot scores of the unseen classes on the test split, overall and per centre.
+"""The unseen-class report of a zero-shot run: scores of the classes training never saw, overall and per centre.
 
-Runs after the ordinary (seen-class) evaluation of a zero-shot task. The unseen labels are read here and only
-here, from the full manifest the leak guard set aside, for the test split: training never had them. Every macro
-metric carries its 1,000-resample bootstrap CI (``evaluation.suite.compute_suite``), per centre the bootstrap
-runs within the centre. Two reference points ride along, from the same resamples' machinery: a seeded
-uniform-random score (``test_unseen_random/...``: AUROC 0.5, AP about the prevalence) and the prevalence
-baseline mAP.
+Two steps, like :func:`evaluation.evaluate.evaluate` and :func:`evaluation.evaluate.store`: :func:`compute_unseen`
+is pure (predictions and metrics, nothing logged), :func:`store_unseen` writes it into a run. The unseen labels
+come from the data module (``unseen_test_targets``: the full manifest the leak guard set aside, test split only).
+Every macro metric carries its bootstrap CI (docs/rules.md §3); per centre the bootstrap runs within the centre.
+Two reference points ride along on the same machinery: a seeded uniform-random score (``test_unseen_random/...``:
+AUROC 0.5, AP about the prevalence) and the prevalence baseline mAP.
 
 The centre with the most training images is the **internal** test, every other centre **external**
 (CXR-LT 2026: PadChest-GR internal, NIH external); the mapping is recorded as run tags.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +27,6 @@ from evaluation.evaluate import MACROS
 from evaluation.metrics import prevalence_baseline_map
 from evaluation.suite import compute_suite
 from evaluation.tta import TTAPredictor
-from training.data.findings import KNOWN_FINDINGS
-from training.data.manifest import load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +44,36 @@ class UnseenScorer(nn.Module):
         return self.model.unseen_logits(images)  # (B, U)
 
 
-def unseen_test_targets(datamodule, unseen: list[str]) -> np.ndarray:
-    """``(N, U)`` test targets of the unseen classes, aligned with the data module's test split (-1 = missing)."""
-    source = datamodule.source
-    manifest_path = getattr(source, "full_manifest", None) or source.prepare()
-    full = load_manifest(manifest_path, unseen, KNOWN_FINDINGS, root=source.root, check_files=False,
-                         extra_columns=tuple(getattr(source, "extra_columns", ())))  # fmt: skip
-    rows = datamodule.split_frame("test")
-    full_rows = full.split("test").iloc[: len(rows)]
-    if list(full_rows["image_id"]) != list(rows["image_id"]):
-        raise ValueError(f"{manifest_path}: test rows differ from the training manifest's; cannot align labels")
-    return full.targets("test")[: len(rows)]
+@dataclass
+class UnseenReport:
+    """What :func:`compute_unseen` found; :func:`store_unseen` logs it.
+
+    Attributes:
+        metrics: flat ``test_unseen/...``, ``test_unseen/source/<name>/...`` and ``test_unseen_random/...``.
+        predictions: one row per test image: ids, source, the unseen probabilities and ``true/<class>``.
+        unseen: the unseen class names.
+        internal: the internal centre, or None without a source column.
+        external: the other centres.
+        transfer: how unseen scores were made (the adapter's transfer and whether it was chosen), or None.
+    """
+
+    metrics: dict[str, float]
+    predictions: pd.DataFrame
+    unseen: list[str]
+    internal: str | None = None
+    external: list[str] = field(default_factory=list)
+    transfer: str | None = None
+
+    @property
+    def tags(self) -> dict[str, str]:
+        tags = {"cxrlt.zeroshot.transfer": self.transfer} if self.transfer else {}
+        if self.internal is not None:
+            tags["cxrlt.unseen.internal_source"] = self.internal
+            tags["cxrlt.unseen.external_sources"] = ",".join(self.external)
+        return tags
+
+    def summary(self) -> str:
+        return summary_table(self.metrics, self.unseen, self.internal, self.transfer)
 
 
 def _macros(metrics: dict[str, float]) -> dict[str, float]:
@@ -86,20 +105,17 @@ def internal_source(datamodule) -> str | None:
     return str(train["source"].value_counts().idxmax()) if "source" in train else None
 
 
-def report_unseen(model, datamodule, cfg, session) -> dict[str, float]:
-    """Score, log and store the unseen-class report of a zero-shot run; a no-op for other models.
-
-    Returns the logged metrics (empty when the model has no unseen classes or the manifest has no labels for
-    them, which is logged).
-    """
+def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
+    """The unseen-class report of a zero-shot model; None for other models, or when the manifest has no labels
+    for the unseen classes (which is logged)."""
     unseen = list(getattr(model, "unseen", None) or [])
     if not unseen or not hasattr(model, "unseen_logits"):
-        return {}
+        return None
     try:
-        targets = unseen_test_targets(datamodule, unseen)
+        targets = datamodule.unseen_test_targets(unseen)
     except ValueError as error:  # ManifestError too: e.g. a test manifest without the unseen columns
         log.warning("no unseen-class report: %s", error)
-        return {}
+        return None
     probs = TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(
         UnseenScorer(model), datamodule.eval_dataloader("test")
     )  # (N, U)
@@ -107,31 +123,33 @@ def report_unseen(model, datamodule, cfg, session) -> dict[str, float]:
     sources = rows["source"].astype(str).to_numpy() if "source" in rows else None
     ev = cfg.evaluation
     metrics = unseen_metrics(targets, probs, unseen, sources, ev.n_boot, ev.seed, ev.threshold)
-    session.log_metrics(metrics)
-    internal = internal_source(datamodule)
+    internal = internal_source(datamodule) if sources is not None else None
+    external = sorted(set(sources) - {internal}) if internal is not None else []
     transfer = getattr(model, "transfer", None)  # the semantic adapter's transfer, chosen on validation or fixed
     if transfer:
         how = "chosen on proxy-OOD validation" if getattr(model, "auto_transfer", False) else "as configured"
         transfer = f"{transfer}, {how}"
-        session.client.set_tag(session.run_id, "cxrlt.zeroshot.transfer", transfer)
-    if internal is not None and sources is not None:
-        external = sorted(set(sources) - {internal})
-        session.client.set_tag(session.run_id, "cxrlt.unseen.internal_source", internal)
-        session.client.set_tag(session.run_id, "cxrlt.unseen.external_sources", ",".join(external))
     frame = pd.concat(
         [rows[["image_id"] + [c for c in ("source",) if c in rows]].reset_index(drop=True),
          pd.DataFrame(probs, columns=unseen), pd.DataFrame(targets.astype(int), columns=[f"true/{n}" for n in unseen])],
         axis=1,
     )  # fmt: skip
+    return UnseenReport(metrics, frame, unseen, internal, external, transfer or None)
+
+
+def store_unseen(report: UnseenReport, log_metrics: Callable[[dict], None],
+                 log_artifact: Callable[[Path, str], None], set_tags: Callable[[dict], None]) -> None:  # fmt: skip
+    """Log the report's metrics and tags, and ``predictions/test_unseen.csv`` + ``evaluation/unseen_report.md``."""
+    log_metrics(report.metrics)
+    set_tags(report.tags)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "test_unseen.csv"
-        frame.to_csv(path, index=False)
-        session.log_artifact(path, "predictions")
+        report.predictions.to_csv(path, index=False)
+        log_artifact(path, "predictions")
         summary = Path(tmp) / "unseen_report.md"
-        summary.write_text(summary_table(metrics, unseen, internal, transfer))
-        session.log_artifact(summary, "evaluation")
-    log.info("\n%s", summary_table(metrics, unseen, internal, transfer))
-    return metrics
+        summary.write_text(report.summary())
+        log_artifact(summary, "evaluation")
+    log.info("\n%s", report.summary())
 
 
 def summary_table(

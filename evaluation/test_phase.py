@@ -1,0 +1,49 @@
+"""The test phase of a trained model, one sequence for training and for ``make evaluate``: evaluate -> store ->
+zero-shot (unseen-class) report -> store.
+
+Training runs it on the best checkpoint right after fitting; ``make evaluate RUN=<id>`` runs it again on a
+finished run with new evaluation or TTA settings. Both write through a :class:`RunSink`, so a new metric set or
+report lands in both at once.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from evaluation.evaluate import Evaluation, evaluate, store
+from evaluation.unseen import UnseenReport, compute_unseen, store_unseen
+
+
+class RunSink(Protocol):
+    """Where the results go: the training's tracking session, or an existing run re-evaluated."""
+
+    def log_metrics(self, metrics: dict[str, float]) -> None: ...
+
+    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None: ...
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
+
+def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, UnseenReport | None]:
+    """Judge ``model`` (the weights to test, in eval mode) on the set-up ``datamodule``'s test split, into ``sink``.
+
+    Args:
+        model: a ``MultiLabelClassifier`` (or zero-shot adapter) holding the best checkpoint's weights.
+        datamodule: the data module the model was trained on, set up.
+        cfg: the run's config with its ``evaluation`` and ``tta`` nodes.
+        sink: the run the results are written to.
+
+    Returns:
+        The evaluation and the unseen-class report (None unless the model is zero-shot).
+    """
+    evaluation = evaluate(model, datamodule, cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots)
+    unseen = compute_unseen(model, datamodule, cfg)
+    if unseen is not None:
+        store_unseen(unseen, sink.log_metrics, sink.log_artifact, sink.set_tags)
+    return evaluation, unseen

@@ -1,0 +1,63 @@
+"""The one place a network is built from its description, for training and for loading a finished run alike.
+
+A run is described by its model, loss and adapter config plus its labels. Training builds from the Hydra config;
+loading a run (:mod:`training.runs`) and the registered pyfunc build from the same plain dicts read back from
+the run, so the network that is served is the network that was trained.
+
+Which class: the plain :class:`~training.models.module.MultiLabelClassifier`, or the zero-shot adapter that
+``configs/adapter/<name>.yaml`` names by ``_target_`` (a ``MultiLabelClassifier`` subclass). The adapter config may
+come from a stored run, which anyone with write access to the tracking server can edit, so only classes of this
+project's ``training.`` package are accepted (docs/architecture.md, "Finished runs").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from training.models.module import MultiLabelClassifier
+
+ADAPTER_PACKAGE = "training."
+
+
+class UnsafeTarget(ValueError):
+    """A config names a class outside what the project allows to be built from it."""
+
+
+def adapter_class(adapter_cfg: Mapping) -> type[MultiLabelClassifier]:
+    """The adapter's class, refusing anything that is not a ``MultiLabelClassifier`` of this project."""
+    target = str(adapter_cfg["_target_"])
+    if not target.startswith(ADAPTER_PACKAGE):
+        raise UnsafeTarget(f"adapter._target_ {target!r} is not a class of this project's training package")
+    cls = get_class(target)
+    if not (isinstance(cls, type) and issubclass(cls, MultiLabelClassifier)):
+        raise UnsafeTarget(f"adapter._target_ {target!r} is not a MultiLabelClassifier")
+    return cls
+
+
+def build_model(
+    model_cfg: Mapping,
+    loss_cfg: Mapping,
+    labels: Sequence[str],
+    adapter_cfg: Mapping | None = None,
+    unseen: Sequence[str] = (),
+) -> MultiLabelClassifier:
+    """The plain classifier, or the adapter module when ``adapter_cfg`` names one (``adapter=none`` does not)."""
+    args = (dict(model_cfg), dict(loss_cfg), list(labels))
+    if not adapter_cfg or not adapter_cfg.get("_target_"):
+        return MultiLabelClassifier(*args)
+    return adapter_class(adapter_cfg)(*args, adapter_cfg=dict(adapter_cfg), unseen=list(unseen or []))
+
+
+def model_from_config(cfg: DictConfig) -> MultiLabelClassifier:
+    """:func:`build_model` from a resolved ``train`` config (a fresh run, or one read back from MLflow)."""
+    adapter = cfg.get("adapter")
+    return build_model(
+        OmegaConf.to_container(cfg.model, resolve=True),
+        OmegaConf.to_container(cfg.loss, resolve=True),
+        list(cfg.task.labels),
+        OmegaConf.to_container(adapter, resolve=True) if adapter else None,
+        list(cfg.task.get("unseen") or []),
+    )

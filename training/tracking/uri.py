@@ -1,0 +1,44 @@
+"""Which MLflow store a command talks to, decided in one place.
+
+Every entry point (training, tuning, ``make evaluate``, ``register``, ``submit``, ``benchmark``) and every Makefile
+target (``make ui`` and ``make serve`` through ``python -m training.tracking.uri``) asks this module, so they all
+read and write the same store. Before it existed, ``make serve`` fell back to MLflow's own default and looked for
+the registered model in a stray ``./mlflow.db``.
+
+Precedence: ``MLFLOW_TRACKING_URI`` (one variable points everything at a team server) > the configured URI
+(``configs/tracking/mlflow.yaml``) > :data:`DEFAULT_TRACKING_URI`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+DEFAULT_TRACKING_URI = "sqlite:///mlruns/mlflow.db"
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """The store to use: ``MLFLOW_TRACKING_URI``, else ``configured``, else the project's SQLite store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or configured or DEFAULT_TRACKING_URI
+
+
+def tracking_client(uri: str | None = None) -> MlflowClient:
+    """An ``MlflowClient`` on ``uri`` (already resolved by the caller) or on :func:`resolve_tracking_uri`'s store.
+
+    The only place a client is made outside the training logger, so no command can end up on another store.
+    """
+    from mlflow import MlflowClient  # imported here: `python -m training.tracking.uri` serves the Makefile fast
+
+    return MlflowClient(uri or resolve_tracking_uri())
+
+
+def is_local_store(uri: str) -> bool:
+    """A store on this machine (SQLite or files), whose artifacts the project keeps under ``mlruns/artifacts``."""
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+
+
+if __name__ == "__main__":  # the Makefile's `make ui` / `make serve` read the store from here
+    print(resolve_tracking_uri())
