@@ -42,7 +42,9 @@ class FinishedRunSink:
             self.client.set_tag(self.run_id, key, value)
 
 
-def evaluate_run(run_id: str, evaluation_cfg: DictConfig, tta_cfg: DictConfig, client: MlflowClient) -> dict[str, float]:
+def evaluate_run(
+    run_id: str, evaluation_cfg: DictConfig, tta_cfg: DictConfig, client: MlflowClient
+) -> dict[str, float]:
     """Rebuild a run's data and model (:func:`training.runs.load_finished`), run the test phase, log into the run.
 
     The run's own data config is reused, so it is judged on exactly the data it was trained for; the

@@ -1,6 +1,6 @@
 """Judge a trained model on its data module: every metric set of the tracking contract, plots and a report.
 
-Metric sets (DESIGN §4), each with bootstrap CIs on its macro metrics:
+Metric sets (docs/rules.md §7), each with bootstrap CIs on its macro metrics:
 
 - ``test/...``: plain predictions, per class, per head-to-tail group, per source (``test/source/<name>/...``);
 - ``test_<postprocessor>/...``: optional logit post-processing (normal gating, logit adjustment);
@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 
+from evaluation.metric_registry import SUITE
 from evaluation.metrics import prevalence_baseline_map
 from evaluation.perturb import perturbed_set
 from evaluation.plots import write_plots
@@ -30,7 +31,7 @@ from evaluation.tta import TTAPredictor
 
 log = logging.getLogger(__name__)
 
-MACROS = ("mAP", "mAUROC", "mF1", "mPrecision", "mRecall", "mECE", "ECE_pooled")
+MACROS = SUITE.headline()  # macro (and pooled) names every metric set logs, from evaluation.metric_registry
 
 
 @dataclass

@@ -3,10 +3,11 @@
 Ranking. Runs are ordered by ``--metric`` (default: the task's ``selection_metric`` from
 ``configs/task/<task>.yaml``, the one its checkpoints were kept by, e.g. ``val/mAP`` for Task 1 and
 ``val/proxy_ood_mAP`` for the zero-shot Task 2; always on validation, so the test set stays a test), then by the
-challenge's own order as tie-breaks: ``test/mAP``, ``test/mAUROC``, ``test/mF1``, then ``test/mECE`` (lower is
-better), then the earlier run. For a per-epoch metric the value of the kept checkpoint
-(``<metric>_best``, logged by the pipeline) is used when the run has it, otherwise the last logged value. Runs
-without the metric, unfinished runs (pruned trials are KILLED) and study parent runs are never candidates.
+challenge's own order as tie-breaks (``evaluation.metric_registry``): ``test/mAP``, ``test/mAUROC``, ``test/mF1``,
+``test/mECE`` (lower is better), ``test/mPrecision``, ``test/mRecall``, then the earlier run. For a per-epoch
+metric the value of the kept checkpoint (``<metric>_best``, logged by the pipeline) is used when the run has it,
+otherwise the last logged value. Runs without the metric, unfinished runs (pruned trials are KILLED) and study
+parent runs are never candidates.
 
 Registry. Aliases, not the deprecated stages: the new version gets ``champion`` and the previous holder keeps its
 version number, tags and history (plus ``cxrlt.replaced_by``). Registering a run that already has a version
@@ -29,20 +30,23 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
-from evaluation.serving import example_request, save_artifacts, scorer_from_run, signature
+from evaluation.metric_registry import SUITE
+from evaluation.serving import Scorer, example_request, save_artifacts, signature
+from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # models-from-code: the registry stores code, no pickle
 ALIAS = "champion"
 TASK_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "task"
 FALLBACK_METRIC = "val/mAP"  # for an experiment that is not a task of configs/task/
-#: Challenge tie-breaks after the chosen metric: (metric key, larger is better).
-TIE_BREAKS: tuple[tuple[str, bool], ...] = (("test/mAP", True), ("test/mAUROC", True), ("test/mF1", True),
-                                            ("test/mECE", False))  # fmt: skip
-#: Metric names (last path part, before any ``_best``) where lower is better; everything else is maximised.
-LOWER_IS_BETTER = frozenset({"mECE", "ECE_pooled", "ECE", "loss"})
+#: Challenge tie-breaks after the chosen metric: (metric key, larger is better), the metric registry's chain on test.
+TIE_BREAKS: tuple[tuple[str, bool], ...] = tuple(
+    (f"test/{m.name}", m.higher_is_better) for m in SUITE.tie_break_chain()
+)
+#: Metric names (last path part, before any ``_best``) where lower is better; everything else is maximised. The
+#: registry's lower-is-better metrics, plus the training loss, which is no evaluation metric.
+LOWER_IS_BETTER = SUITE.lower_is_better() | {"loss"}
 STUDY_KIND = ("cxrlt.kind", "tuning-study")
 #: Pinned requirements written into the model (``--env-manager local`` serves in the project's own env).
 REQUIREMENTS = ("torch", "torchvision", "timm", "lightning", "albumentations", "opencv-python-headless", "mlflow",
@@ -118,7 +122,7 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
         version = max(existing, key=lambda v: int(v.version))
         log.info("run %s is already %s version %s; moving %r to it", run_id, name, version.version, alias)
     else:
-        scorer = scorer_from_run(client, run_id)
+        scorer = Scorer.load(run_id, client)
         with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name="model", python_model=str(PYFUNC_CODE), artifacts=save_artifacts(scorer, Path(tmp)),
@@ -179,10 +183,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-    mlflow.set_tracking_uri(uri)
+    uri = resolve_tracking_uri()
+    mlflow.set_tracking_uri(uri)  # log_model below uses MLflow's fluent API
     metric = args.metric or selection_metric(args.task)
-    version = register_best(MlflowClient(uri), args.task, metric, args.experiment, args.run, args.alias)
+    version = register_best(tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias)
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
              args.alias, version.name, args.alias)  # fmt: skip
 

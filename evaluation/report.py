@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.groups import GROUPS
+from evaluation.metric_registry import SUITE
 
-HEADLINE = ("mAP", "mAUROC", "mF1", "mPrecision", "mRecall", "mECE", "ECE_pooled")
+HEADLINE = SUITE.headline()
+"""Rows of the headline table: the registry's metrics that every metric set has (not the ``*_valthr`` ones)."""
 
 
 def _ci(metrics: dict, key: str) -> str:

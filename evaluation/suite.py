@@ -1,6 +1,6 @@
 """The challenge's metric suite with case-level bootstrap CIs, in one vectorised pass over chunks of resamples.
 
-Metrics (DESIGN §1 / CXR-LT rules): AP, AUROC, F1/precision/recall at a fixed threshold (``prob >= t``), the same
+Metrics (docs/rules.md §2-§3): AP, AUROC, F1/precision/recall at a fixed threshold (``prob >= t``), the same
 at per-class thresholds chosen on validation (``*_valthr``), ECE per class (15 equal-width bins) and pooled over
 all (image, class) pairs. Macro means run over the classes with at least one labelled positive (AUROC: a positive
 and a negative); entries with target -1 are left out per class. Every macro mean gets a percentile CI from
@@ -13,6 +13,9 @@ chunk of resamples is one sparse product mapping image counts to a few segment w
 then prefix sums over those segments and fixed-position reads. Memory is bounded by the chunk size whatever
 ``n_boot`` is. The per-resample, per-class values are kept, so macro CIs of any subset of classes (head-to-tail
 groups) reuse the same resamples.
+
+Which metrics: those of ``evaluation.metric_registry.SUITE``, read on every call. Each per-class entry is a function
+of one class's statistics for a chunk (``ClassChunk``), so adding a metric is one function and one registry entry.
 """
 
 from __future__ import annotations
@@ -23,29 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci
-from evaluation.calibration import ece_from_bins
-from evaluation.ranking import N_BINS, ClassPlan, ap_auroc
-from evaluation.thresholds import (
-    DEFAULT_THRESHOLD,
-    confusion_at,
-    f1_precision_recall_from_counts,
-    thresholds_from_mapping,
-)
+from evaluation.metric_registry import SUITE, ClassChunk, SuiteMetric
+from evaluation.ranking import N_BINS, ClassPlan
+from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
 
-MACRO_NAMES: dict[str, str] = {
-    "ap": "mAP",
-    "auroc": "mAUROC",
-    "f1": "mF1",
-    "precision": "mPrecision",
-    "recall": "mRecall",
-    "ece": "mECE",
-    "f1_valthr": "mF1_valthr",
-    "precision_valthr": "mPrecision_valthr",
-    "recall_valthr": "mRecall_valthr",
-}
-"""Per-class metric key -> name of its macro mean."""
+MACRO_NAMES: dict[str, str] = SUITE.macro_names()
+"""Per-class metric key -> name of its macro mean, as registered at import (``evaluation.metric_registry``); the
+suite itself reads the registry on every call, so a metric registered later is computed too."""
 
-VALTHR_METRICS = ("f1_valthr", "precision_valthr", "recall_valthr")
+VALTHR_METRICS = tuple(m.key for m in SUITE.per_class(val_thresholds=True) if m.needs_val_thresholds)
 
 
 @dataclass(frozen=True)
@@ -59,7 +48,7 @@ class SuiteResult:
         labels: class names, in column order.
         per_class: ``{metric: (C,)}`` point values, NaN where the class is undefined for that metric.
         replicates: ``{metric: (B, C)}`` values in each resample, NaN where undefined in that resample.
-        pooled_ece_replicates: ``(B,)`` pooled ECE of each resample.
+        pooled_replicates: ``{name: (B,)}`` each pooled metric (``ECE_pooled``) in each resample.
         val_thresholds: ``(C,)`` thresholds used for the ``*_valthr`` metrics, or ``None``.
     """
 
@@ -67,7 +56,7 @@ class SuiteResult:
     labels: tuple[str, ...]
     per_class: dict[str, np.ndarray]
     replicates: dict[str, np.ndarray]
-    pooled_ece_replicates: np.ndarray
+    pooled_replicates: dict[str, np.ndarray]
     val_thresholds: np.ndarray | None = None
     n_boot: int = 0
     seed: int = 0
@@ -88,7 +77,7 @@ class SuiteResult:
         Returns:
             ``(point, ci_low, ci_high)``; the CI is NaN when ``n_boot`` is 0.
         """
-        key = _metric_key(metric)
+        key = SUITE.by_key(metric).key
         if key not in self.per_class:
             raise ValueError(f"metric {metric!r} was not computed (val_thresholds missing?)")
         cols = self._columns(classes)
@@ -104,20 +93,11 @@ class SuiteResult:
         for group, members in groups.items():
             for key in self.per_class:
                 point, low, high = self.macro(key, members)
-                name = f"group/{group}/{MACRO_NAMES[key]}"
+                name = f"group/{group}/{SUITE.by_key(key).name}"
                 out[name] = point
                 if self.n_boot:
                     out[f"{name}_ci_low"], out[f"{name}_ci_high"] = low, high
         return out
-
-
-def _metric_key(metric: str) -> str:
-    if metric in MACRO_NAMES:
-        return metric
-    for key, macro in MACRO_NAMES.items():
-        if metric == macro:
-            return key
-    raise ValueError(f"unknown metric {metric!r}; expected one of {sorted(MACRO_NAMES) + sorted(MACRO_NAMES.values())}")
 
 
 def _class_index(cls: int | str, labels: Sequence[str]) -> int:
@@ -181,32 +161,32 @@ def validate_inputs(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str
 
 
 def _evaluate(
-    plans: list[ClassPlan], counts_t: np.ndarray, threshold: float, val_thresholds: np.ndarray | None
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """All per-class metrics for a chunk of count vectors ``(N, b)``: ``{metric: (b, C)}`` and pooled ECE ``(b,)``."""
+    plans: list[ClassPlan],
+    counts_t: np.ndarray,
+    threshold: float,
+    val_thresholds: np.ndarray | None,
+    per_class: tuple[SuiteMetric, ...],
+    pooled: tuple[SuiteMetric, ...],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Every registered metric for a chunk of count vectors ``(N, b)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
+
+    A class without a labelled entry is left out of everything; a pooled metric over no labelled pair is NaN.
+    """
     b, n_classes = counts_t.shape[1], len(plans)
-    keys = list(MACRO_NAMES) if val_thresholds is not None else [k for k in MACRO_NAMES if k not in VALTHR_METRICS]
-    out = {key: np.full((b, n_classes), np.nan) for key in keys}
-    pooled_residuals = np.zeros((plans[0].n_bins, b))  # (n_bins, b)
-    pooled_total = np.zeros(b)
+    out = {metric.key: np.full((b, n_classes), np.nan) for metric in per_class}
+    sums: dict[str, np.ndarray] = {}  # pooled name -> statistics summed over the classes so far
     for c, plan in enumerate(plans):
         if plan.n_labelled == 0:
             continue
-        stats = plan.stats(counts_t)
-        out["ap"][:, c], out["auroc"][:, c] = ap_auroc(plan, stats)
-        pooled_residuals += stats.residual
-        pooled_total += stats.total
-        no_pos = stats.positives <= 0  # (b,) class left out of this resample's macro means
-        out["ece"][:, c] = np.where(no_pos, np.nan, ece_from_bins(stats.residual, stats.total))
-        metrics = [("", threshold)] + ([("_valthr", val_thresholds[c])] if val_thresholds is not None else [])
-        for suffix, t in metrics:
-            for key, value in zip(
-                ("f1", "precision", "recall"),
-                f1_precision_recall_from_counts(*confusion_at(plan, stats, t)),
-                strict=True,
-            ):
-                out[key + suffix][:, c] = np.where(no_pos, np.nan, value)
-    return out, ece_from_bins(pooled_residuals, pooled_total)
+        val_threshold = None if val_thresholds is None else float(val_thresholds[c])
+        chunk = ClassChunk(plan, plan.stats(counts_t), threshold, val_threshold)
+        for metric in per_class:
+            out[metric.key][:, c] = metric.compute(chunk)
+        for metric in pooled:
+            stats = metric.compute(chunk)
+            sums[metric.name] = sums[metric.name] + stats if metric.name in sums else stats
+    nan = np.full(b, np.nan)
+    return out, {m.name: m.reduce(sums[m.name]) if m.name in sums else nan.copy() for m in pooled}
 
 
 def compute_suite(
@@ -273,22 +253,24 @@ def compute_suite(
         planned = (threshold,) if thresholds is None else (threshold, float(thresholds[c]))
         plans.append(ClassPlan.build(targets[:, c], probs[:, c], thresholds=planned, n_bins=n_bins))
 
-    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds)
+    registered = SUITE.per_class(val_thresholds=thresholds is not None), SUITE.pooled()
+    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds, *registered)
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
-    pooled_replicates = np.full(n_boot, np.nan)
+    pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
         for rows, counts in iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot)):
-            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds)
+            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds, *registered)
             for key, array in values.items():
                 replicates[key][rows] = array
-            pooled_replicates[rows] = pooled
+            for name, array in pooled.items():
+                pooled_replicates[name][rows] = array
 
     result = SuiteResult(
         metrics={},
         labels=labels,
         per_class={key: values[0] for key, values in point.items()},
         replicates=replicates,
-        pooled_ece_replicates=pooled_replicates,
+        pooled_replicates=pooled_replicates,
         val_thresholds=thresholds,
         n_boot=n_boot,
         seed=int(seed),
@@ -297,12 +279,14 @@ def compute_suite(
     metrics = result.metrics
     for key in point:
         value, low, high = result.macro(key)
-        metrics[MACRO_NAMES[key]] = value
+        name = SUITE.by_key(key).name
+        metrics[name] = value
         if n_boot:
-            metrics[f"{MACRO_NAMES[key]}_ci_low"], metrics[f"{MACRO_NAMES[key]}_ci_high"] = low, high
-    metrics["ECE_pooled"] = float(pooled_point[0])
-    if n_boot:
-        metrics["ECE_pooled_ci_low"], metrics["ECE_pooled_ci_high"] = percentile_ci(pooled_replicates, ci)
+            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = low, high
+    for name, values in pooled_point.items():
+        metrics[name] = float(values[0])
+        if n_boot:
+            metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = percentile_ci(pooled_replicates[name], ci)
     for key, values in result.per_class.items():
         for name, value in zip(labels, values, strict=True):
             if np.isfinite(value):

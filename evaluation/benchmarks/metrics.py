@@ -2,7 +2,7 @@
 
 Pneumonia is the positive class. ROC-AUC and average precision rank the scores; accuracy, sensitivity and
 specificity judge the model's own decision (probability above 0.5, or a positive prompt margin), never a
-threshold tuned on the test images.
+threshold tuned on the test images. The metrics are ``evaluation.metric_registry.BINARY``.
 
 The bootstrap resamples test images with replacement *within each label*, so every resample keeps the test set's
 class counts: a ratio such as specificity then always has the same denominator, and no resample lacks a class
@@ -17,54 +17,18 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from scipy.stats import rankdata
 
 from evaluation.bootstrap import percentile_ci, resample_generator
+from evaluation.metric_registry import BINARY, average_precision, roc_auc
 
-METRICS: dict[str, str] = {
-    "auroc": "ROC-AUC",
-    "accuracy": "Accuracy",
-    "sensitivity": "Sensitivity",
-    "specificity": "Specificity",
-    "ap": "Average precision",
-}
-"""Metric key -> display name, in table order."""
+__all__ = ["METRICS", "average_precision", "binary_metrics", "bootstrap_table", "roc_auc", "stratified_resamples"]
 
-
-def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve as the Mann-Whitney statistic with tied scores counting one half.
-
-    Equal to ``sklearn.metrics.roc_auc_score``; NaN when a class is absent.
-    """
-    labels = np.asarray(labels).astype(bool)
-    n_pos = int(labels.sum())
-    n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)  # average ranks for ties
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def average_precision(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Average precision, scikit-learn's definition: ``sum_k (R_k - R_{k-1}) P_k`` over distinct thresholds.
-
-    Tied scores form one threshold (no interpolation). NaN when there is no positive.
-    """
-    labels = np.asarray(labels).astype(np.float64)
-    scores = np.asarray(scores, dtype=np.float64)
-    if labels.sum() == 0:
-        return float("nan")
-    order = np.argsort(-scores, kind="mergesort")
-    ranked, hits = scores[order], labels[order]
-    last_of_threshold = np.r_[np.flatnonzero(np.diff(ranked)), ranked.size - 1]
-    true_pos = np.cumsum(hits)[last_of_threshold]
-    precision = true_pos / (last_of_threshold + 1)
-    recall = true_pos / true_pos[-1]
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+METRICS: dict[str, str] = BINARY.titles()
+"""Metric key -> display name, in table order (``evaluation.metric_registry.BINARY`` as registered at import)."""
 
 
 def binary_metrics(labels: np.ndarray, scores: np.ndarray, decisions: np.ndarray) -> dict[str, float]:
-    """The five metrics of one protocol.
+    """Every binary metric of ``evaluation.metric_registry.BINARY`` for one protocol.
 
     Args:
         labels: ``(N,)`` 1 = pneumonia, 0 = normal.
@@ -73,14 +37,7 @@ def binary_metrics(labels: np.ndarray, scores: np.ndarray, decisions: np.ndarray
     """
     labels = np.asarray(labels).astype(bool)
     decisions = np.asarray(decisions).astype(bool)
-    nan = float("nan")
-    return {
-        "auroc": roc_auc(labels, scores),
-        "accuracy": float(np.mean(decisions == labels)) if labels.size else nan,
-        "sensitivity": float(decisions[labels].mean()) if labels.any() else nan,
-        "specificity": float((~decisions[~labels]).mean()) if (~labels).any() else nan,
-        "ap": average_precision(labels, scores),
-    }
+    return {metric.name: metric.compute(labels, scores, decisions) for metric in BINARY}
 
 
 def stratified_resamples(labels: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
@@ -121,15 +78,16 @@ def bootstrap_table(
     labels = np.asarray(labels).astype(int)
     resamples = stratified_resamples(labels, n_boot, seed) if n_boot > 0 else np.empty((0, labels.size), int)
     rows = []
+    names = [metric.name for metric in BINARY]
     for protocol, outputs in protocols.items():
         if outputs is None:
             rows += [{"protocol": protocol, "metric": m, "value": np.nan, "ci_low": np.nan, "ci_high": np.nan}
-                     for m in METRICS]  # fmt: skip
+                     for m in names]  # fmt: skip
             continue
         scores, decisions = (np.asarray(values) for values in outputs)
         point = binary_metrics(labels, scores, decisions)
         replicates = pd.DataFrame([binary_metrics(labels[idx], scores[idx], decisions[idx]) for idx in resamples])
-        for metric in METRICS:
+        for metric in names:
             low, high = percentile_ci(replicates[metric].to_numpy(), ci) if n_boot > 0 else (np.nan, np.nan)
             rows.append(
                 {"protocol": protocol, "metric": metric, "value": point[metric], "ci_low": low, "ci_high": high}

@@ -1,4 +1,5 @@
-"""The pediatric-pneumonia benchmark protocol: draws, leakage rule, metrics, bootstrap, probe, cache, adapters."""
+"""The pediatric-pneumonia benchmark protocol: its YAML, draws, leakage rule, metrics, bootstrap, probe, cache,
+adapters."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import pandas as pd
 import pytest
 from sklearn.metrics import accuracy_score, average_precision_score, recall_score, roc_auc_score
 
+from evaluation.benchmarks.catalog import load_protocol
 from evaluation.benchmarks.clip_models import ClipEncoder, parse_clip_spec
 from evaluation.benchmarks.embeddings import cache_key, encode_subset
-from evaluation.benchmarks.encoders import Encoded, Encoder, Target
+from evaluation.benchmarks.encoders import Encoded, Encoder
 from evaluation.benchmarks.metrics import binary_metrics, bootstrap_table, stratified_resamples
 from evaluation.benchmarks.models import MODEL_KINDS, load_encoder, model_kind
-from evaluation.benchmarks.pneumonia import SEED, build_subsets, exclude_shared_patients
+from evaluation.benchmarks.pneumonia import PneumoniaProtocol, exclude_shared_patients
 from evaluation.benchmarks.probe import fit_probe, probe_probabilities
-from evaluation.benchmarks.runner import format_table, run_benchmark
+from evaluation.benchmarks.protocol import BadInput, Prediction
+from evaluation.benchmarks.report import format_table
+from evaluation.benchmarks.runner import bootstrap_scores, draw_subsets, run_benchmark
 from evaluation.benchmarks.sampling import (
     fingerprint,
     hash_order,
@@ -28,7 +32,23 @@ from evaluation.benchmarks.sampling import (
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from training.data.adapters.kermany import patient_key
 
-TARGET = Target("Pneumonia", "a chest x-ray showing pneumonia", "a normal chest x-ray")
+PROTOCOL = load_protocol("pneumonia")
+SEED = PROTOCOL.seed
+TARGET = PROTOCOL.target
+
+
+# --- the protocol's YAML -----------------------------------------------------------------------------------------
+
+
+def test_the_yaml_builds_the_protocol_with_its_fixed_settings():
+    assert isinstance(PROTOCOL, PneumoniaProtocol) and PROTOCOL.name == "pneumonia"
+    assert PROTOCOL.seed == 20261006 and PROTOCOL.train_size == 500 and PROTOCOL.bootstrap == "stratified"
+    assert PROTOCOL.versions == {"full": None, "n100": 100} and PROTOCOL.default_version == "full"
+    assert (TARGET.label, TARGET.positive_prompt, TARGET.negative_prompt) == (
+        "Pneumonia", "a chest x-ray showing pneumonia", "a normal chest x-ray"
+    )  # fmt: skip
+    assert list(PROTOCOL.methods) == ["zero_shot", "probe"]
+    assert list(PROTOCOL.metrics) == ["auroc", "accuracy", "sensitivity", "specificity", "ap"]
 
 
 # --- largest-remainder quotas ------------------------------------------------------------------------------------
@@ -148,20 +168,28 @@ def test_leakage_rule_removes_exactly_the_shared_patients():
 
 def test_subsets_of_a_release_folder(tmp_path):
     shared = write_kermany(tmp_path, train=(140, 380), test=(45, 75))
-    full, n100 = build_subsets(str(tmp_path), "full"), build_subsets(str(tmp_path), "n100")
-    assert full.excluded_images == n100.excluded_images == 4
-    assert set(full.excluded_patients) == set(shared["shared_patients"])
-    assert full.pools == {"train": 520, "test": 120}
-    train_paths = set(full.train["path"])
-    assert not train_paths & set(shared["shared_files"])
-    assert full.train["label"].value_counts().to_dict() == {0: 135, 1: 365}  # quotas of 140 / 380 for 500
-    assert n100.test["label"].value_counts().to_dict() == {0: 37, 1: 63}  # 37.5 / 62.5, tie to the larger
-    assert len(full.test) == 120 and set(n100.test["image_id"]) <= set(full.test["image_id"])
+    full, n100 = draw_subsets(PROTOCOL, tmp_path), draw_subsets(PROTOCOL, tmp_path, "n100")
+    assert full.version == "full"  # the YAML's first version is the default
+    assert full.params == n100.params == {"excluded_train_images": 4}
+    assert "removed 4 image(s) of 4 test patient(s)" in full.description[1]
+    assert {name: subset.pool for name, subset in full.subsets.items()} == {"train": 520, "test": 120}
+    train = full.subsets["train"].table
+    assert not set(train["path"]) & set(shared["shared_files"])
+    assert not set(train["patient_id"]) & set(shared["shared_patients"])
+    assert train["label"].value_counts().to_dict() == {0: 135, 1: 365}  # quotas of 140 / 380 for 500
+    assert n100.test.table["label"].value_counts().to_dict() == {0: 37, 1: 63}  # 37.5 / 62.5, tie to the larger
+    assert len(full.test) == 120 and set(n100.test.ids) <= set(full.test.ids)
     assert full.fingerprints["train"] == n100.fingerprints["train"]  # one training draw for both versions
     assert full.fingerprints["test"] != n100.fingerprints["test"]
-    assert build_subsets(str(tmp_path), "n100").fingerprints == n100.fingerprints
-    with pytest.raises(ValueError, match="unknown version"):
-        build_subsets(str(tmp_path), "n50")
+    assert draw_subsets(PROTOCOL, tmp_path, "n100").fingerprints == n100.fingerprints
+    assert full.fingerprints["test"] == fingerprint(full.test.table["image_id"], full.test.table["label"])
+    assert list(full.test.table.columns) == ["image_id", "path", "patient_id", "label"]
+    with pytest.raises(BadInput, match="unknown version 'n50' of benchmark pneumonia; choose one of full, n100"):
+        draw_subsets(PROTOCOL, tmp_path, "n50")
+    with pytest.raises(BadInput, match="data root .*missing is not a folder"):
+        draw_subsets(PROTOCOL, tmp_path / "missing")
+    with pytest.raises(BadInput, match="no Kermany images found"):
+        draw_subsets(PROTOCOL, tmp_path / "test" / "NORMAL")
 
 
 # --- metrics and the stratified bootstrap ------------------------------------------------------------------------
@@ -214,8 +242,24 @@ def test_bootstrap_table_intervals_bracket_the_point_and_missing_protocols_stay_
     assert (probe["ci_low"] <= probe["value"]).all() and (probe["value"] <= probe["ci_high"]).all()
     assert (probe["ci_high"] > probe["ci_low"]).all()
     assert table[table["protocol"] == "zero_shot"][["value", "ci_low", "ci_high"]].isna().all().all()
-    text = format_table(table)
+    text = format_table(table, PROTOCOL.methods, PROTOCOL.metrics)
     assert text.count("n/a") == 5 and "ROC-AUC" in text and "Average precision" in text
+    assert text.splitlines()[0] == "| metric (95% CI) | Zero-shot | Linear probe |"
+
+
+def test_the_runners_bootstrap_equals_bootstrap_table_for_the_binary_protocol(tmp_path):
+    """The shared runner's bootstrap loop (any protocol) must give the pneumonia protocol exactly the numbers of
+    ``metrics.bootstrap_table`` (its label-stratified binary reference), down to the last bit."""
+    write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    test = draw_subsets(PROTOCOL, tmp_path, "n100").test
+    labels = test.targets.labels
+    rng = np.random.default_rng(4)
+    scores = labels * 0.3 + rng.random(len(labels))
+    methods = {"zero_shot": None, "probe": Prediction(scores, scores > 0.6)}
+    ours = bootstrap_scores(PROTOCOL, test.targets, methods, n_boot=200)
+    reference = bootstrap_table(labels, {"zero_shot": None, "probe": (scores, scores > 0.6)}, n_boot=200, seed=SEED)
+    pd.testing.assert_frame_equal(ours, reference, check_exact=True)
+    assert bootstrap_scores(PROTOCOL, test.targets, methods, n_boot=0)["ci_low"].isna().all()
 
 
 # --- probe -------------------------------------------------------------------------------------------------------
@@ -311,18 +355,20 @@ class CountingEncoder(Encoder):
 
 def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
     write_kermany(tmp_path / "data", train=(140, 380), test=(45, 75))
-    subsets = build_subsets(str(tmp_path / "data"), "n100")
+    draw = draw_subsets(PROTOCOL, tmp_path / "data", "n100")
     encoder, cache = CountingEncoder(), tmp_path / "cache"
-    fp = subsets.fingerprints["test"]
-    first, hit = encode_subset(encoder, tmp_path / "data", subsets.test, fp, cache, batch_size=32)
+    fp = draw.fingerprints["test"]
+    first, hit = encode_subset(encoder, tmp_path / "data", draw.test.table, fp, cache, batch_size=32)
     assert not hit and encoder.calls == 100 and first.embeddings.shape == (100, 2)
-    second, hit = encode_subset(encoder, tmp_path / "data", subsets.test, fp, cache, batch_size=32)
+    second, hit = encode_subset(encoder, tmp_path / "data", draw.test.table, fp, cache, batch_size=32)
     assert hit and encoder.calls == 100  # nothing re-encoded
     assert np.array_equal(first.embeddings, second.embeddings) and np.array_equal(first.zero_shot, second.zero_shot)
     assert cache_key(encoder, fp) != cache_key(CountingEncoder("other weights"), fp)
-    assert cache_key(encoder, fp) != cache_key(encoder, subsets.fingerprints["train"])
-    result = run_benchmark(encoder, subsets, tmp_path / "data", n_boot=50, seed=SEED, cache_dir=cache)
+    assert cache_key(encoder, fp) != cache_key(encoder, draw.fingerprints["train"])
+    result = run_benchmark(PROTOCOL, draw, {"Pneumonia": encoder}, tmp_path / "data", n_boot=50, cache_dir=cache)
     assert result.cache_hits == {"train": False, "test": True} and encoder.calls == 600
+    assert result.notes[-1] == "embeddings from the cache: test"
+    assert result.params == {"excluded_train_images": 4, "probe_C": 1.0, "probe_max_iter": 2000}
     # Brighter images are pneumonia in the generated set: both protocols rank far above chance.
     metrics = result.metrics()
     assert metrics["zero_shot/auroc"] > 0.9 and metrics["probe/auroc"] > 0.9

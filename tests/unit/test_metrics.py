@@ -44,3 +44,17 @@ def test_prevalence_baseline_is_the_map_of_a_constant_predictor(scored):
     assert prevalence_baseline_map(targets) == pytest.approx(
         multilabel_summary(targets, constant, list("abcde"))["mAP"]
     )
+
+
+def test_headline_metrics_are_what_the_suite_logs(scored):
+    """evaluate.MACROS and the report's headline rows come from the registry and name real suite outputs."""
+    from evaluation.evaluate import MACROS
+    from evaluation.report import HEADLINE
+
+    targets, probs = scored
+    metrics = compute_suite(targets, probs, list("abcde"), n_boot=20).metrics
+    assert MACROS == HEADLINE
+    assert {"mAP", "mAUROC", "mF1", "mPrecision", "mRecall", "mECE", "ECE_pooled"} <= set(MACROS)
+    for name in MACROS:
+        assert np.isfinite(metrics[name]) and metrics[f"{name}_ci_low"] <= metrics[name] <= metrics[f"{name}_ci_high"]
+    assert not any(name.endswith("_valthr") for name in MACROS)  # only with validation thresholds

@@ -78,9 +78,16 @@ def test_registered_spec_round_trip_keeps_geometry_thresholds_and_outputs():
     torch.manual_seed(0)
     model_cfg = {"backbone": "resnet18", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}
     network = build_model(model_cfg, {"_target_": "training.losses.bce.BCELoss"}, ["Mass", "Nodule"]).eval()
-    finished = FinishedModel(network, ["Mass", "Nodule"], image_size=32, resize="pad", thresholds=[0.2, 0.7], run_id="r")
+    finished = FinishedModel(
+        network, ["Mass", "Nodule"], image_size=32, resize="pad", thresholds=[0.2, 0.7], run_id="r"
+    )
     rebuilt = FinishedModel.from_spec(finished.spec(), network.state_dict())
-    assert (rebuilt.resize, rebuilt.image_size, rebuilt.thresholds, rebuilt.labels) == ("pad", 32, [0.2, 0.7], ["Mass", "Nodule"])
+    assert (rebuilt.resize, rebuilt.image_size, rebuilt.thresholds, rebuilt.labels) == (
+        "pad",
+        32,
+        [0.2, 0.7],
+        ["Mass", "Nodule"],
+    )
     assert rebuilt.network.hparams["model_cfg"]["pretrained"] is False  # never a download when serving
     images = torch.randn(2, 1, 32, 32)
     with torch.no_grad():

@@ -26,7 +26,6 @@ import numpy as np
 
 from training.data.decode_errors import ImageDecodeError
 
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"IEND\xaeB`\x82"
 JPEG_START, JPEG_END = b"\xff\xd8", b"\xff\xd9"

@@ -19,6 +19,7 @@ from torchmetrics.classification import (
 from torchmetrics.wrappers.abstract import WrapperMetric
 
 from evaluation.groups import class_groups, group_means
+from evaluation.metric_registry import SUITE
 from training.components import build_component
 from training.models.backbone import create_backbone
 from training.models.schedule import warmup_cosine
@@ -54,15 +55,20 @@ class OneLabel(WrapperMetric):
         super().reset()
 
 
+# The suite metrics tracked every validation epoch: their registry entries give the per-class keys and the logged
+# names (val/mAP, val/mAUROC). torchmetrics computes them here because its states sync across DDP ranks.
+VAL_AP, VAL_AUROC = SUITE.by_key("ap"), SUITE.by_key("auroc")
+
+
 def per_class_metrics(num_labels: int) -> dict[str, Metric]:
     """Per-class AP and AUROC (``average=None``) for any number of labels, ignoring -1 targets."""
     if num_labels == 1:
         return {
-            "ap": OneLabel(BinaryAveragePrecision(ignore_index=-1)),
-            "auroc": OneLabel(BinaryAUROC(ignore_index=-1)),
+            VAL_AP.key: OneLabel(BinaryAveragePrecision(ignore_index=-1)),
+            VAL_AUROC.key: OneLabel(BinaryAUROC(ignore_index=-1)),
         }
     metric = partial(dict, num_labels=num_labels, average=None, ignore_index=-1)
-    return {"ap": MultilabelAveragePrecision(**metric()), "auroc": MultilabelAUROC(**metric())}
+    return {VAL_AP.key: MultilabelAveragePrecision(**metric()), VAL_AUROC.key: MultilabelAUROC(**metric())}
 
 
 class MultiLabelClassifier(L.LightningModule):
@@ -170,12 +176,12 @@ class MultiLabelClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         values = self.val_metrics.compute()
         positives, negatives = values["counts"]
-        ap = torch.where(positives > 0, values["ap"], torch.nan)  # (C,)
-        auroc = torch.where((positives > 0) & (negatives > 0), values["auroc"], torch.nan)
-        self.log("val/mAP", ap.nanmean(), prog_bar=True)
-        self.log("val/mAUROC", auroc.nanmean(), prog_bar=True)
+        ap = torch.where(positives > 0, values[VAL_AP.key], torch.nan)  # (C,)
+        auroc = torch.where((positives > 0) & (negatives > 0), values[VAL_AUROC.key], torch.nan)
+        self.log(f"val/{VAL_AP.name}", ap.nanmean(), prog_bar=True)
+        self.log(f"val/{VAL_AUROC.name}", auroc.nanmean(), prog_bar=True)
         for group, value in group_means(ap.cpu().numpy(), self.groups).items():
-            self.log(f"val/group/{group}/mAP", value)
+            self.log(f"val/group/{group}/{VAL_AP.name}", value)
         self.val_metrics.reset()
 
     def configure_optimizers(self):
