@@ -69,11 +69,12 @@ submit: setup ## Validated submission CSV: make submit TASK=task1 [TEMPLATE=t.cs
 	$(PY) -m evaluation.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
 		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)')
 
-NAME ?= pneumonia
-VERSION ?= full
-benchmark: setup ## Benchmark a model: make benchmark NAME=pneumonia MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=full|n100]
-	@test -n "$(MODEL)" -a -n "$(DATA_ROOT)" || { echo "usage: make benchmark NAME=pneumonia MODEL=<run id | models:/<name>@<alias> | models:/<name>/<version> | clip:<open_clip model>[:<pretrained>]> DATA_ROOT=<kermany release folder> [VERSION=full|n100] [ARGS=...]"; exit 2; }
-	$(PY) -m evaluation.benchmarks.cli --name $(NAME) --model '$(MODEL)' --data-root '$(DATA_ROOT)' --version $(VERSION) $(ARGS)
+NAME ?=
+VERSION ?=
+benchmark: setup ## Benchmark a model (no NAME: list the protocols): make benchmark NAME=<name> MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=<version>]
+	@if [ -z "$(NAME)" ]; then $(PY) -m evaluation.benchmarks.cli $(ARGS); \
+	else $(PY) -m evaluation.benchmarks.cli --name '$(NAME)' $(if $(MODEL),--model '$(MODEL)') \
+		$(if $(DATA_ROOT),--data-root '$(DATA_ROOT)') $(if $(VERSION),--version '$(VERSION)') $(ARGS); fi
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)

@@ -1,12 +1,18 @@
-"""Small stand-ins for the benchmark tests: a Kermany-shaped image folder and a tiny random open_clip model."""
+"""Small stand-ins for the benchmark tests: a Kermany-shaped image folder, a tiny random open_clip model, and a toy
+protocol of another shape (image pairs, two findings, three readers) that plugs into the same runner."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import cv2
 import numpy as np
+import pandas as pd
+
+from evaluation.benchmarks.encoders import Encoder, Target
+from evaluation.benchmarks.protocol import Box, Draw, Features, Outcome, Prediction, Protocol, Subset, Targets
 
 TINY_CLIP = {
     "model_cfg": {
@@ -78,3 +84,148 @@ def write_kermany(root: Path, train: tuple[int, int] = (140, 380), test: tuple[i
             shared_files.append(f"train/{label}/{other}")
             shared_patients.append(patient)
     return {"shared_patients": shared_patients, "shared_files": shared_files}
+
+
+# --- a toy protocol of another shape -----------------------------------------------------------------------------
+
+FINDINGS = ("Effusion", "Edema")
+CHANGE_MARGIN = 0.05
+"""The toy model calls a finding worse when its score rose by more than this (film noise moves it far less)."""
+READERS = ("reader_a", "reader_b", "reader_c")
+PAIR_SIZE = 16
+
+
+def toy_truth(i: int) -> tuple[int, int]:
+    """Whether Effusion and Edema worsened between item ``i``'s prior and current film."""
+    return int(i % 2 == 0), int((i // 2) % 2 == 0)
+
+
+def toy_reading(i: int, reader: str) -> tuple[int, int]:
+    """A reader's call: reader_a is always right, reader_b misreads Effusion on every 4th item (from 1), reader_c
+    misreads Edema on every 3rd (from 0); so at most one reader errs per finding and the majority is the truth."""
+    effusion, edema = toy_truth(i)
+    if reader == "reader_b" and i % 4 == 1:
+        effusion = 1 - effusion
+    if reader == "reader_c" and i % 3 == 0:
+        edema = 1 - edema
+    return effusion, edema
+
+
+def write_pairs(root: Path, n: int = 24, seed: int = 0) -> None:
+    """``n`` prior/current PNG pairs and ``readings.csv``: the current film's left half (Effusion) or right half
+    (Edema) is brighter than the prior's exactly when that finding worsened."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        prior = np.full((PAIR_SIZE, PAIR_SIZE), 80.0)
+        current = prior.copy()
+        effusion, edema = toy_truth(i)
+        current[:, : PAIR_SIZE // 2] += 60 * effusion
+        current[:, PAIR_SIZE // 2 :] += 60 * edema
+        for name, image in (("prior", prior), ("current", current)):
+            path = root / "pairs" / f"{i:03d}_{name}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(path), np.clip(image + rng.normal(0, 3, image.shape), 0, 255).astype(np.uint8))
+        row = {
+            "item_id": f"study{i:03d}",
+            "prior_path": f"pairs/{i:03d}_prior.png",
+            "path": f"pairs/{i:03d}_current.png",
+        }
+        for reader in READERS:
+            row.update(
+                {f"{reader}_{finding}": value for finding, value in zip(FINDINGS, toy_reading(i, reader), strict=True)}
+            )
+        rows.append(row)
+    pd.DataFrame(rows).to_csv(root / "readings.csv", index=False)
+
+
+def cohen_kappa(a: np.ndarray, b: np.ndarray) -> float:
+    """Agreement beyond chance of two 0/1 raters; NaN when chance agreement is already certain."""
+    a, b = np.asarray(a).astype(bool), np.asarray(b).astype(bool)
+    observed = np.mean(a == b)
+    chance = a.mean() * b.mean() + (1 - a.mean()) * (1 - b.mean())
+    return float((observed - chance) / (1 - chance)) if chance < 1 else float("nan")
+
+
+class ToyProgressionProtocol(Protocol):
+    """Did each finding worsen between the prior and the current film? Three readers, their majority the
+    reference; the model and each reader are scored by Cohen's kappa against it, bootstrapped over studies.
+
+    The model's call is whether its zero-shot score rose from the prior to the current film by more than
+    :data:`CHANGE_MARGIN`, per finding: one encoder per finding, two image columns per item.
+    """
+
+    methods = {"model": "Model", **{reader: reader.replace("_", " ").title() for reader in READERS}}
+
+    def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, int | None],
+                 findings: list[str], prompts: Mapping[str, str], bootstrap: str = "plain"):  # fmt: skip
+        super().__init__(name, description, seed, versions, bootstrap)
+        self.findings = tuple(findings)
+        self._targets = tuple(Target(f, prompts[f], f"a chest x-ray without {f.lower()}") for f in self.findings)
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self._targets
+
+    @property
+    def metrics(self) -> dict[str, str]:
+        return {**{f"kappa_{f.lower()}": f"Kappa, {f}" for f in self.findings}, "kappa_mean": "Mean kappa"}
+
+    def draw(self, root: Path, version: str) -> Draw:
+        table = pd.read_csv(root / "readings.csv").sort_values("item_id", ignore_index=True)
+        size = self.versions[version]
+        table = table if size is None else table.head(size)
+        readings = np.stack(
+            [table[[f"{reader}_{f}" for f in self.findings]].to_numpy() for reader in READERS], axis=1
+        )  # (N, R, K)
+        majority = (readings.sum(axis=1) * 2 > len(READERS)).astype(int)  # (N, K)
+        half = PAIR_SIZE // 2
+        boxes = tuple(
+            tuple(Box(f, k * half, 0, half, PAIR_SIZE, PAIR_SIZE, PAIR_SIZE, reader="reader_a")
+                  for k, f in enumerate(self.findings) if readings[i, 0, k])
+            for i in range(len(table))
+        )  # fmt: skip
+        words = np.where(majority == 1, "worse", "stable")  # (N, K)
+        texts = tuple("; ".join(f"{f.lower()} {w}" for f, w in zip(self.findings, row, strict=True)) for row in words)
+        targets = Targets("multilabel", self.findings, majority, readers=READERS, reader_labels=readings,
+                          boxes=boxes, texts=texts)  # fmt: skip
+        test = Subset(table, targets, images=("prior_path", "path"), id_column="item_id", pool=len(table))
+        return Draw(version, {"test": test}, {"readers": len(READERS)}, [f"test: {len(test)} studies"])
+
+    def predict(self, draw: Draw, encoders: Mapping[str, Encoder], features: Features) -> Outcome:
+        change = np.stack(
+            [features.get(f, "test", "path").zero_shot - features.get(f, "test", "prior_path").zero_shot
+             for f in self.findings], axis=1,
+        )  # (N, K)  # fmt: skip
+        truth = draw.test.targets
+        methods = {"model": Prediction(change, change > CHANGE_MARGIN)}
+        methods.update({reader: Prediction(decisions=truth.reader_labels[:, r, :].astype(bool))
+                        for r, reader in enumerate(READERS)})  # fmt: skip
+        scores = draw.test.table[["item_id"]].copy()
+        for k, finding in enumerate(self.findings):
+            scores[f"model_change_{finding.lower()}"] = change[:, k]
+        return Outcome(methods, scores, ["model: zero-shot score on the current film minus the prior's"])
+
+    def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
+        kappas = [cohen_kappa(truth.labels[:, k], prediction.decisions[:, k]) for k in range(len(self.findings))]
+        out = {f"kappa_{f.lower()}": value for f, value in zip(self.findings, kappas, strict=True)}
+        return {**out, "kappa_mean": float(np.nanmean(kappas)) if not np.isnan(kappas).all() else float("nan")}
+
+
+TOY_YAML = {
+    "_target_": "tests.benchmark_data.ToyProgressionProtocol",
+    "name": "toy",
+    "description": "Toy reader study: did each finding worsen between two films?",
+    "seed": 7,
+    "versions": {"all": None, "first12": 12},
+    "findings": list(FINDINGS),
+    "prompts": {"Effusion": "a chest x-ray with a pleural effusion", "Edema": "a chest x-ray with pulmonary edema"},
+    "bootstrap": "plain",
+}
+
+
+def write_toy_config(folder: Path) -> Path:
+    """``<folder>/toy.yaml``, the toy protocol's config; returns the folder (a ``--config-dir``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "toy.yaml").write_text(json.dumps(TOY_YAML, indent=1))  # JSON is YAML
+    return folder

@@ -67,7 +67,7 @@ class Encoder(ABC):
 
     @property
     def decision_threshold(self) -> float:
-        """The model's own decision rule: a score strictly above this is a pneumonia call."""
+        """The model's own decision rule: a score strictly above this is a positive call for the target."""
         return self.DECISION_THRESHOLDS[self.zero_shot_kind]
 
     @property

@@ -1,66 +1,37 @@
-"""The pediatric-pneumonia protocol (Kermany et al., Cell 2018): which images, drawn how.
+"""The pediatric-pneumonia protocol (Kermany et al., Cell 2018): which images, drawn how, answered and scored how.
 
 - Pools: the release's official ``test`` folder is the test pool (624 images: 234 normal, 390 pneumonia); the
   official ``train`` folder is the train pool (5,216: 1,341 / 3,875). The 16-image ``val`` folder is not used.
 - Leakage rule: a train-pool image whose patient number (``person123``, ``IM-0115``, ``NORMAL2-IM-0383``; parsed
   by :func:`training.data.adapters.kermany.patient_key`) also appears anywhere in the test pool is excluded
-  before drawing. The rule looks at the whole test pool, not only the drawn test images, so both versions share
+  before drawing. The rule looks at the whole test pool, not only the drawn test images, so all versions share
   one training subset.
-- Versions: ``full`` tests on the whole test pool; ``n100`` draws 100 test images stratified by label. Both draw
-  500 training images stratified by label. Draws are :func:`evaluation.benchmarks.sampling.stratified_draw` with
-  seed 20261006, ranking on the image id (the path relative to the data root, without its extension, e.g.
-  ``test/PNEUMONIA/person1_virus_6``).
+- Versions (``configs/benchmark/pneumonia.yaml``): ``full`` tests on the whole test pool; ``n100`` draws 100
+  test images stratified by label. Both draw ``train_size`` (500) training images stratified by label. Draws
+  are :func:`evaluation.benchmarks.sampling.stratified_draw` with the protocol's seed, ranking on the image id
+  (the path relative to the data root, without its extension, e.g. ``test/PNEUMONIA/person1_virus_6``).
+- Methods: zero-shot (the model's own score for the label) and a linear probe fit on the training draw
+  (:mod:`evaluation.benchmarks.methods`); the binary metrics of :mod:`evaluation.benchmarks.metrics`, with a
+  label-stratified bootstrap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from evaluation.benchmarks.sampling import fingerprint, stratified_draw
+from evaluation.benchmarks.encoders import Encoder, Target
+from evaluation.benchmarks.methods import PROBE_PARAMS, binary_probe, binary_zero_shot
+from evaluation.benchmarks.metrics import METRICS, binary_metrics
+from evaluation.benchmarks.protocol import Draw, Features, Outcome, Prediction, Protocol, Subset, Targets
+from evaluation.benchmarks.sampling import stratified_draw
 from training.data.adapters.kermany import KermanySource
 
-NAME = "pneumonia"
-SEED = 20261006
-TRAIN_SIZE = 500
-VERSIONS: dict[str, int | None] = {"full": None, "n100": 100}
-"""Version -> number of test images drawn (``None``: the whole test pool)."""
-LABEL = "Pneumonia"
-POSITIVE_PROMPT = "a chest x-ray showing pneumonia"
-NEGATIVE_PROMPT = "a normal chest x-ray"
 COLUMNS = ["image_id", "path", "patient_id", "label"]
-
-
-@dataclass(frozen=True)
-class Subsets:
-    """The drawn train and test images of one version, with what the leakage rule removed.
-
-    Attributes:
-        version: ``full`` or ``n100``.
-        train: the training draw: ``image_id``, ``path`` (relative to the data root), ``patient_id``, ``label``
-            (1 = pneumonia), sorted by ``image_id``.
-        test: the test images, same columns.
-        excluded_images: train-pool images removed by the leakage rule.
-        excluded_patients: their patient numbers, sorted.
-        pools: size of the train pool (after the leakage rule) and of the test pool.
-    """
-
-    version: str
-    train: pd.DataFrame
-    test: pd.DataFrame
-    excluded_images: int = 0
-    excluded_patients: tuple[str, ...] = ()
-    pools: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def fingerprints(self) -> dict[str, str]:
-        """Identity of each subset (sorted ids with labels), reported with every result."""
-        return {name: fingerprint(part["image_id"], part["label"]) for name, part in self.parts.items()}
-
-    @property
-    def parts(self) -> dict[str, pd.DataFrame]:
-        return {"train": self.train, "test": self.test}
+"""The subset tables (and ``subsets/*.csv``): label 1 = pneumonia."""
 
 
 def exclude_shared_patients(train: pd.DataFrame, test: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -69,10 +40,10 @@ def exclude_shared_patients(train: pd.DataFrame, test: pd.DataFrame) -> tuple[pd
     return train[~shared].reset_index(drop=True), train[shared].reset_index(drop=True)
 
 
-def pools(root: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def pools(root: str | Path, label: str = "Pneumonia") -> tuple[pd.DataFrame, pd.DataFrame]:
     """The release's (train pool, test pool) with :data:`COLUMNS`, from the Kermany adapter's manifest rows."""
-    table = KermanySource(root).build()
-    table = table.assign(label=table[LABEL].astype(int))
+    table = KermanySource(str(root)).build()
+    table = table.assign(label=table[label].astype(int))
     by_split = {name: part[COLUMNS].reset_index(drop=True) for name, part in table.groupby("official_split")}
     missing = {"train", "test"} - set(by_split)
     if missing:
@@ -80,27 +51,70 @@ def pools(root: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return by_split["train"], by_split["test"]
 
 
-def build_subsets(root: str, version: str, seed: int = SEED, train_size: int = TRAIN_SIZE) -> Subsets:
-    """Apply the protocol to a Kermany release folder: leakage rule, then the stratified draws.
+class PneumoniaProtocol(Protocol):
+    """Normal vs pneumonia on a Kermany release folder (``train/`` and ``test/``, each ``NORMAL/`` and ``PNEUMONIA/``).
 
     Args:
-        root: folder holding ``train/{NORMAL,PNEUMONIA}`` and ``test/{NORMAL,PNEUMONIA}``.
-        version: a key of :data:`VERSIONS`.
-        seed: ranking seed (the protocol's is 20261006; other values are for studying draw variance only).
-        train_size: training images drawn (500 in the protocol).
-
-    Raises:
-        ValueError: unknown version, or a pool too small for its draw.
+        name, description, seed, versions, bootstrap: see :class:`~evaluation.benchmarks.protocol.Protocol`;
+            a version's value is the number of test images drawn (``None``: the whole test pool).
+        label: the finding (the output a platform classifier must have for zero-shot).
+        prompts: ``positive`` and ``negative`` texts an image-text model compares each image with.
+        train_size: training images drawn for the probe.
     """
-    if version not in VERSIONS:
-        raise ValueError(f"unknown version {version!r}; choose one of {', '.join(VERSIONS)}")
-    train_pool, test_pool = pools(root)
-    kept, removed = exclude_shared_patients(train_pool, test_pool)
-    return Subsets(
-        version=version,
-        train=stratified_draw(kept, train_size, "label", "image_id", seed),
-        test=stratified_draw(test_pool, VERSIONS[version], "label", "image_id", seed),
-        excluded_images=len(removed),
-        excluded_patients=tuple(sorted(set(removed["patient_id"]))),
-        pools={"train": len(kept), "test": len(test_pool)},
-    )
+
+    methods = {"zero_shot": "Zero-shot", "probe": "Linear probe"}
+
+    def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, int | None], label: str,
+                 prompts: Mapping[str, str], train_size: int, bootstrap: str = "stratified"):  # fmt: skip
+        super().__init__(name, description, seed, versions, bootstrap)
+        self.label, self.train_size = label, int(train_size)
+        self.target = Target(label, prompts["positive"], prompts["negative"])
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return (self.target,)
+
+    @property
+    def metrics(self) -> dict[str, str]:
+        return dict(METRICS)
+
+    def subset(self, table: pd.DataFrame, pool: int) -> Subset:
+        targets = Targets("binary", (self.label,), table["label"].to_numpy().astype(int))
+        return Subset(table, targets, pool=pool)
+
+    def draw(self, root: Path, version: str) -> Draw:
+        """Leakage rule, then the stratified draws (a pool too small for its draw raises ``ValueError``)."""
+        train_pool, test_pool = pools(root, self.label)
+        kept, removed = exclude_shared_patients(train_pool, test_pool)
+        train = self.subset(stratified_draw(kept, self.train_size, "label", "image_id", self.seed), len(kept))
+        test_size = self.versions[version]
+        test = self.subset(stratified_draw(test_pool, test_size, "label", "image_id", self.seed), len(test_pool))
+        patients = set(removed["patient_id"])
+        word = self.label.lower()
+
+        def counts(subset: Subset) -> str:
+            labels = subset.table["label"].value_counts().to_dict()
+            return f"{len(subset)} images ({labels.get(0, 0)} normal / {labels.get(1, 0)} {word})"
+
+        description = [
+            f"test: {counts(test)} of a pool of {test.pool}, fingerprint {test.fingerprint}",
+            f"train (probe): {counts(train)} of a pool of {train.pool} after the leakage rule removed {len(removed)} "
+            f"image(s) of {len(patients)} test patient(s), fingerprint {train.fingerprint}",
+        ]
+        return Draw(version, {"train": train, "test": test}, {"excluded_train_images": len(removed)}, description)
+
+    def predict(self, draw: Draw, encoders: Mapping[str, Encoder], features: Features) -> Outcome:
+        test = features.get(self.label, "test")
+        train = draw.subsets["train"]
+        zero_shot = binary_zero_shot(encoders[self.label], test, self.label)
+        probe = binary_probe(features.get(self.label, "train"), train.targets.labels, test, self.label)
+        scores = draw.test.table[COLUMNS].copy()
+        for column, values in {**zero_shot.columns, **probe.columns}.items():
+            scores[column] = values
+        return Outcome(
+            {"zero_shot": zero_shot.prediction, "probe": probe.prediction},
+            scores, [zero_shot.note, probe.note], dict(PROBE_PARAMS),
+        )  # fmt: skip
+
+    def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
+        return binary_metrics(truth.labels, np.asarray(prediction.scores), np.asarray(prediction.decisions))

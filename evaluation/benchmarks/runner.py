@@ -1,27 +1,33 @@
-"""Both protocols on one model: zero-shot (nothing trained) and the linear probe, scored with bootstrap CIs.
+"""The shared runner: any protocol, any model, the same steps.
 
-The runner is independent of where the results go: it returns the metric table, the per-image scores and the
-notes a reader needs (why a protocol is missing, whether the probe converged); :mod:`evaluation.benchmarks.cli`
-prints and logs them.
+1. :func:`draw_subsets`: check the version and the data root, then the protocol draws its subsets.
+2. :func:`load_encoders`: one encoder per protocol target (``evaluation.benchmarks.models.load_encoder``).
+3. :func:`encode_draw`: every image column of every subset through every encoder, cached on disk.
+4. ``protocol.predict``: the protocol's methods turn the encoded test (and training) items into answers.
+5. :func:`bootstrap_scores`: the protocol's metrics on all test items and on each resample of its bootstrap.
+
+The runner is independent of where the results go: it returns a :class:`BenchmarkResult`;
+:mod:`evaluation.benchmarks.report` prints it and :mod:`evaluation.benchmarks.tracking` logs it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from evaluation.benchmarks.embeddings import DEFAULT_CACHE_DIR, encode_subset
-from evaluation.benchmarks.encoders import Encoder
-from evaluation.benchmarks.metrics import METRICS, bootstrap_table
-from evaluation.benchmarks.pneumonia import Subsets
-from evaluation.benchmarks.probe import fit_probe, probe_probabilities
+from evaluation.benchmarks.encoders import Encoded, Encoder
+from evaluation.benchmarks.models import load_encoder
+from evaluation.benchmarks.protocol import BOOTSTRAPS, BadInput, Draw, Features, Prediction, Protocol, Targets
+from evaluation.bootstrap import percentile_ci
 
-PROTOCOLS = {"zero_shot": "Zero-shot", "probe": "Linear probe"}
-"""Protocol key (metric prefix in MLflow) -> column title."""
-PROBE_THRESHOLD = 0.5
+TABLE_COLUMNS = ["protocol", "metric", "value", "ci_low", "ci_high"]
+"""Columns of the metric table (``table.csv``); ``protocol`` holds the method key (zero_shot, probe)."""
 
 
 @dataclass
@@ -29,19 +35,33 @@ class BenchmarkResult:
     """What one benchmark run produced.
 
     Attributes:
-        table: one row per (protocol, metric): ``protocol``, ``metric``, ``value``, ``ci_low``, ``ci_high``.
-        scores: one row per test image: ids, label, each protocol's score and decision.
-        notes: lines for the reader (missing zero-shot, probe convergence, leakage exclusions, cache use).
-        cache_hits: subset name -> whether its embeddings came from the cache.
+        protocol: the protocol that was run.
+        draw: its subsets.
+        encoders: target label -> the model's encoder for that target (the first is the model's face in reports).
+        table: one row per (method, metric): :data:`TABLE_COLUMNS`.
+        scores: one row per test item, from the protocol's methods.
+        n_boot: bootstrap resamples behind the intervals.
+        notes: lines for the reader (missing methods, fit convergence, cache use).
+        params: the draw's and the methods' facts, logged as MLflow params.
+        cache_hits: subset name -> whether all its encoder outputs came from the cache.
     """
 
+    protocol: Protocol
+    draw: Draw
+    encoders: dict[str, Encoder]
     table: pd.DataFrame
     scores: pd.DataFrame
+    n_boot: int
     notes: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
     cache_hits: dict[str, bool] = field(default_factory=dict)
 
+    @property
+    def encoder(self) -> Encoder:
+        return next(iter(self.encoders.values()))
+
     def metrics(self) -> dict[str, float]:
-        """Flat ``<protocol>/<metric>`` (+ ``_ci_low`` / ``_ci_high``) for MLflow; missing protocols left out."""
+        """Flat ``<method>/<metric>`` (+ ``_ci_low`` / ``_ci_high``) for MLflow; missing methods left out."""
         out = {}
         for row in self.table.dropna(subset=["value"]).itertuples():
             key = f"{row.protocol}/{row.metric}"
@@ -49,70 +69,119 @@ class BenchmarkResult:
         return out
 
 
+def draw_subsets(protocol: Protocol, root: str | Path, version: str | None = None) -> Draw:
+    """The protocol's subsets of ``version`` (default: its first) on the data under ``root``.
+
+    Raises:
+        BadInput: an unknown version, a missing data root, or data the protocol cannot read.
+    """
+    version = version or protocol.default_version
+    if version not in protocol.versions:
+        raise BadInput(f"unknown version {version!r} of benchmark {protocol.name}; "
+                       f"choose one of {', '.join(protocol.versions)}")  # fmt: skip
+    if not Path(root).is_dir():
+        raise BadInput(f"data root {root} is not a folder (benchmark {protocol.name} reads its data set there)")
+    try:
+        return protocol.draw(Path(root), version)
+    except BadInput:
+        raise
+    except ValueError as error:  # the folder does not hold the data set the protocol expects
+        raise BadInput(f"benchmark {protocol.name} cannot use data root {root}: {error}") from error
+
+
+def load_encoders(protocol: Protocol, spec: str, tracking_uri: str) -> dict[str, Encoder]:
+    """Target label -> the model ``spec`` names, set up for that target; seeded with the protocol's seed.
+
+    Raises:
+        BadInput: an unknown model kind, or a run / model version the store does not have.
+    """
+    try:
+        return {t.label: load_encoder(spec, t, tracking_uri, seed=protocol.seed) for t in protocol.targets}
+    except (ValueError, LookupError) as error:
+        raise BadInput(f"model {spec!r}: {error}") from error
+
+
+def encode_draw(
+    draw: Draw,
+    encoders: Mapping[str, Encoder],
+    root: str | Path,
+    cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
+    batch_size: int = 64,
+) -> tuple[Features, dict[str, bool]]:
+    """Every image column of every subset through every encoder; returns the features and per-subset cache hits.
+
+    A column other than ``path`` (a pair's ``prior_path``) gets its own cache entry, keyed by the subset
+    fingerprint and the column name.
+    """
+    encoded: dict[tuple[str, str, str], Encoded] = {}
+    hits: dict[str, bool] = {}
+    for name, subset in draw.subsets.items():
+        fingerprint, hits[name] = subset.fingerprint, True
+        for label, encoder in encoders.items():
+            for column in subset.images:
+                table = pd.DataFrame({"image_id": subset.ids, "path": subset.table[column].tolist()})
+                key = fingerprint if column == "path" else f"{fingerprint}:{column}"
+                encoded[(label, name, column)], hit = encode_subset(encoder, root, table, key, cache_dir, batch_size)
+                hits[name] = hits[name] and hit
+    return Features(encoded), hits
+
+
+def bootstrap_scores(
+    protocol: Protocol,
+    truth: Targets,
+    methods: Mapping[str, Prediction | None],
+    n_boot: int = 1000,
+    ci: float = 0.95,
+) -> pd.DataFrame:
+    """Point values and percentile CIs of every metric of every method, on shared (paired) resamples.
+
+    Resamples come from the protocol's bootstrap kind with the protocol's seed, resample ``b`` from its own
+    generator (``evaluation.bootstrap.resample_generator``); a method without answers gets NaN rows.
+    """
+    resample = BOOTSTRAPS[protocol.bootstrap][1]
+    resamples = resample(truth, n_boot, protocol.seed) if n_boot > 0 else np.empty((0, len(truth)), int)
+    rows = []
+    for method, prediction in methods.items():
+        if prediction is None:
+            rows += [dict(zip(TABLE_COLUMNS, (method, metric, np.nan, np.nan, np.nan), strict=True))
+                     for metric in protocol.metrics]  # fmt: skip
+            continue
+        point = protocol.score(truth, prediction)
+        replicates = pd.DataFrame([protocol.score(truth.take(idx), prediction.take(idx)) for idx in resamples])
+        for metric in protocol.metrics:
+            low, high = percentile_ci(replicates[metric].to_numpy(), ci) if n_boot > 0 else (np.nan, np.nan)
+            rows.append(dict(zip(TABLE_COLUMNS, (method, metric, point[metric], low, high), strict=True)))
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
 def run_benchmark(
-    encoder: Encoder,
-    subsets: Subsets,
+    protocol: Protocol,
+    draw: Draw,
+    encoders: Mapping[str, Encoder],
     root: str | Path,
     n_boot: int = 1000,
-    seed: int = 0,
     cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
     batch_size: int = 64,
 ) -> BenchmarkResult:
-    """Encode both subsets (cached), score the test images both ways, bootstrap the metrics.
+    """Encode the draw (cached), let the protocol answer, score the answers with bootstrap intervals.
 
     Args:
-        encoder: the model.
-        subsets: the protocol's drawn train and test images.
-        root: the data root the subsets' paths are relative to.
-        n_boot: bootstrap resamples (1,000 in the protocol).
-        seed: bootstrap seed.
-        cache_dir: embedding cache folder (``None``: no cache).
+        protocol: the protocol.
+        draw: its subsets (:func:`draw_subsets`).
+        encoders: target label -> encoder (:func:`load_encoders`).
+        root: the data root the subsets' image paths are relative to.
+        n_boot: bootstrap resamples (1,000 in the protocols).
+        cache_dir: encoder-output cache folder (``None``: no cache).
         batch_size: images per forward pass.
     """
-    fingerprints = subsets.fingerprints
-    encoded, hits = {}, {}
-    for name, part in subsets.parts.items():
-        encoded[name], hits[name] = encode_subset(encoder, root, part, fingerprints[name], cache_dir, batch_size)
-    test = subsets.test
-    labels = test["label"].to_numpy().astype(int)
-    scores = test[["image_id", "path", "patient_id", "label"]].copy()
-    notes = []
-
-    zero_shot = None
-    if encoder.has_zero_shot:
-        zs = encoded["test"].zero_shot  # (N,)
-        zero_shot = (zs, zs > encoder.decision_threshold)
-        scores["zero_shot_score"], scores["zero_shot_pneumonia"] = zs, (zs > encoder.decision_threshold).astype(int)
-        notes.append(f"zero-shot score: {encoder.zero_shot_kind}, pneumonia when above {encoder.decision_threshold:g}")
-    else:
-        notes.append(f"zero-shot: not available: {encoder.zero_shot_note}")
-
-    probe, converged = fit_probe(encoded["train"].embeddings, subsets.train["label"].to_numpy())
-    probs = probe_probabilities(probe, encoded["test"].embeddings)  # (N,)
-    scores["probe_probability"], scores["probe_pneumonia"] = probs, (probs > PROBE_THRESHOLD).astype(int)
-    dim = encoded["train"].embeddings.shape[1]
-    notes.append(f"probe: logistic regression on {dim}-d standardised embeddings of {len(subsets.train)} "
-                 f"training images{'' if converged else ' (lbfgs did NOT converge within max_iter)'}")  # fmt: skip
-
-    table = bootstrap_table(
-        labels, {"zero_shot": zero_shot, "probe": (probs, probs > PROBE_THRESHOLD)}, n_boot=n_boot, seed=seed
-    )
-    return BenchmarkResult(table, scores, notes, hits)
-
-
-def format_table(table: pd.DataFrame, digits: int = 3) -> str:
-    """Markdown table: one row per metric, one column per protocol, ``value [low, high]`` (``n/a`` if missing)."""
-
-    def cell(row) -> str:
-        if not np.isfinite(row.value):
-            return "n/a"
-        if not (np.isfinite(row.ci_low) and np.isfinite(row.ci_high)):
-            return f"{row.value:.{digits}f}"
-        return f"{row.value:.{digits}f} [{row.ci_low:.{digits}f}, {row.ci_high:.{digits}f}]"
-
-    cells = {(row.protocol, row.metric): cell(row) for row in table.itertuples()}
-    header = "| metric (95% CI) | " + " | ".join(PROTOCOLS.values()) + " |"
-    lines = [header, "|---" * (len(PROTOCOLS) + 1) + "|"]
-    for metric, title in METRICS.items():
-        lines.append(f"| {title} | " + " | ".join(cells.get((p, metric), "n/a") for p in PROTOCOLS) + " |")
-    return "\n".join(lines)
+    features, hits = encode_draw(draw, encoders, root, cache_dir, batch_size)
+    outcome = protocol.predict(draw, encoders, features)
+    if list(outcome.methods) != list(protocol.methods):
+        raise ValueError(
+            f"{protocol.name}: predict answered {list(outcome.methods)}, its methods are {list(protocol.methods)}"
+        )
+    table = bootstrap_scores(protocol, draw.test.targets, outcome.methods, n_boot)
+    used = [name for name, hit in hits.items() if hit]
+    notes = [*outcome.notes, f"embeddings from the cache: {', '.join(used) if used else 'none (computed now)'}"]
+    params = {**draw.params, **outcome.params}
+    return BenchmarkResult(protocol, draw, dict(encoders), table, outcome.scores, n_boot, notes, params, hits)

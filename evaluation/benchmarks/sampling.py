@@ -104,6 +104,8 @@ def fingerprint(ids: Sequence[str], labels: Sequence | None = None) -> str:
 
 
 def _label_text(label) -> str:
-    """A label as text that does not depend on its dtype (1, 1.0 and True read the same)."""
+    """A label as text that does not depend on its dtype (1, 1.0 and True read the same); text stays as it is."""
+    if isinstance(label, str):
+        return label
     value = float(label)
     return str(int(value)) if math.isfinite(value) and value.is_integer() else repr(value)

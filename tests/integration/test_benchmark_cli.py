@@ -11,14 +11,15 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.benchmarks.encoders import Target
+from evaluation.benchmarks.catalog import load_protocol
 from evaluation.benchmarks.models import load_encoder
 from evaluation.benchmarks.platform_models import ModelNotFound, PlatformRunEncoder
-from evaluation.benchmarks.pneumonia import SEED, build_subsets
+from evaluation.benchmarks.runner import draw_subsets
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from tests.conftest import PROJECT_ROOT, train_command
 
 METRIC_KEYS = ("auroc", "accuracy", "sensitivity", "specificity", "ap")
+PROTOCOL = load_protocol("pneumonia")
 
 
 def benchmark(tmp_path: Path, env: dict, model: str, data: Path, version: str) -> subprocess.CompletedProcess:
@@ -61,10 +62,10 @@ def test_clip_model_both_versions_logged_with_table_scores_and_fingerprints(tmp_
     assert set(runs) == {"full", "n100"}
     for version, n_test in (("full", 120), ("n100", 100)):
         run = runs[version]
-        subsets = build_subsets(str(data), version)
+        subsets = draw_subsets(PROTOCOL, data, version)
         params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
         assert run.info.status == "FINISHED"
-        assert params["model"] == spec and params["seed"] == str(SEED) and params["n_test"] == str(n_test)
+        assert params["model"] == spec and params["seed"] == "20261006" and params["n_test"] == str(n_test)
         assert params["test_fingerprint"] == tags["benchmark.test_fingerprint"] == subsets.fingerprints["test"]
         assert params["train_fingerprint"] == tags["benchmark.train_fingerprint"] == subsets.fingerprints["train"]
         assert params["excluded_train_images"] == "4"
@@ -78,7 +79,7 @@ def test_clip_model_both_versions_logged_with_table_scores_and_fingerprints(tmp_
         probe_auc = table.set_index(["protocol", "metric"]).loc[("probe", "auroc"), "value"]
         assert probe_auc == pytest.approx(metrics["probe/auroc"])
         scores = pd.read_csv(artifacts / "scores.csv")
-        assert len(scores) == n_test and set(scores["image_id"]) == set(subsets.test["image_id"])
+        assert len(scores) == n_test and set(scores["image_id"]) == set(subsets.test.ids)
         assert (scores["label"] == scores["path"].str.contains("/PNEUMONIA/").astype(int)).all()
         assert ((scores["zero_shot_score"] > 0) == scores["zero_shot_pneumonia"].astype(bool)).all()
         assert "| Linear probe |" in (artifacts / "table.md").read_text()
@@ -101,7 +102,7 @@ def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(t
     version = client.create_model_version("cxrlt-task1", f"runs:/{run.info.run_id}/model", run.info.run_id)
     client.set_registered_model_alias("cxrlt-task1", "champion", version.version)
 
-    target = Target("Pneumonia", "a chest x-ray showing pneumonia", "a normal chest x-ray")
+    target = PROTOCOL.target
     encoder = load_encoder("models:/cxrlt-task1@champion", target, run_env["MLFLOW_TRACKING_URI"])
     assert isinstance(encoder, PlatformRunEncoder) and encoder.run_id == run.info.run_id
     assert encoder.image_size == 64 and not encoder.has_zero_shot
@@ -119,3 +120,14 @@ def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(t
     assert {f"probe/{key}" for key in METRIC_KEYS} <= set(metrics)
     assert bench.data.params["zero_shot"] == "n/a" and bench.data.tags["zero_shot_available"] == "false"
     assert bench.data.tags["model_kind"] == "models"
+
+
+def test_make_benchmark_without_a_name_lists_the_protocols_and_a_bad_name_is_one_line(run_env):
+    listed = subprocess.run(["make", "-s", "benchmark"], env=run_env, capture_output=True, text=True, timeout=120,
+                            cwd=PROJECT_ROOT)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert "  pneumonia  Pediatric pneumonia" in listed.stdout and "[versions: full, n100]" in listed.stdout
+    bad = subprocess.run(["make", "-s", "benchmark", "NAME=pneumonai", "MODEL=clip:x", "DATA_ROOT=/nonexistent"],
+                         env=run_env, capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)  # fmt: skip
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "make benchmark: unknown benchmark 'pneumonai'; known: pneumonia" in bad.stderr

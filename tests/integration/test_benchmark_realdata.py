@@ -8,15 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.benchmarks.encoders import Target
-from evaluation.benchmarks.models import load_encoder
-from evaluation.benchmarks.pneumonia import SEED, build_subsets, pools
-from evaluation.benchmarks.runner import run_benchmark
+from evaluation.benchmarks.catalog import load_protocol
+from evaluation.benchmarks.pneumonia import pools
+from evaluation.benchmarks.report import format_table
+from evaluation.benchmarks.runner import draw_subsets, load_encoders, run_benchmark
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import shared_data
 from training.data.adapters.kermany import patient_key
 
 pytestmark = pytest.mark.realdata
+PROTOCOL = load_protocol("pneumonia")
 
 
 def test_every_file_name_parses_to_the_data_sets_own_patient_key():
@@ -32,11 +33,11 @@ def test_protocol_draws_on_kermany_dev():
     root = shared_data("kermany-dev")
     train_pool, test_pool = pools(str(root))
     assert test_pool["label"].value_counts().to_dict() == {1: 390, 0: 234}  # dev_test: the official test's mix
-    full, n100 = build_subsets(str(root), "full"), build_subsets(str(root), "n100")
-    assert full.excluded_images == 0  # kermany-dev's dev_train / dev_test are patient-disjoint by construction
-    assert full.pools == {"train": 4592, "test": 624}
-    assert full.train["label"].value_counts().to_dict() == {1: 379, 0: 121}
-    assert n100.test["label"].value_counts().to_dict() == {1: 63, 0: 37}
+    full, n100 = draw_subsets(PROTOCOL, root, "full"), draw_subsets(PROTOCOL, root, "n100")
+    assert full.params == {"excluded_train_images": 0}  # dev_train / dev_test are patient-disjoint by construction
+    assert {name: subset.pool for name, subset in full.subsets.items()} == {"train": 4592, "test": 624}
+    assert full.subsets["train"].table["label"].value_counts().to_dict() == {1: 379, 0: 121}
+    assert n100.test.table["label"].value_counts().to_dict() == {1: 63, 0: 37}
     assert len(full.test) == 624
     # The subsets are part of the protocol: these values change only if the draw (or the data) changes.
     assert full.fingerprints == {"train": "0a3c95c494f4c448", "test": "7893715fab22515f"}
@@ -45,10 +46,33 @@ def test_protocol_draws_on_kermany_dev():
 
 def test_tiny_random_clip_runs_the_protocol_on_real_images(tmp_path):
     root = shared_data("kermany-dev")
-    subsets = build_subsets(str(root), "n100")
-    target = Target("Pneumonia", "a chest x-ray showing pneumonia", "a normal chest x-ray")
-    encoder = load_encoder(write_tiny_clip(tmp_path / "tiny"), target, "sqlite:///unused.db", seed=SEED)
-    result = run_benchmark(encoder, subsets, root, n_boot=200, seed=SEED, cache_dir=tmp_path / "cache")
+    draw = draw_subsets(PROTOCOL, root, "n100")
+    encoders = load_encoders(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
+    result = run_benchmark(PROTOCOL, draw, encoders, root, n_boot=200, cache_dir=tmp_path / "cache")
     assert len(result.scores) == 100 and result.scores["label"].sum() == 63
     values = result.table.set_index(["protocol", "metric"])["value"]
     assert np.isfinite(values.to_numpy()).all() and ((values >= 0) & (values <= 1)).all()
+
+
+BEFORE_PLUGINS_N100 = """\
+| metric (95% CI) | Zero-shot | Linear probe |
+|---|---|---|
+| ROC-AUC | 0.453 [0.346, 0.565] | 0.858 [0.776, 0.943] |
+| Accuracy | 0.370 [0.370, 0.370] | 0.790 [0.720, 0.860] |
+| Sensitivity | 0.000 [0.000, 0.000] | 0.937 [0.873, 0.984] |
+| Specificity | 1.000 [1.000, 1.000] | 0.541 [0.378, 0.703] |
+| Average precision | 0.655 [0.582, 0.747] | 0.865 [0.786, 0.967] |"""
+"""``make benchmark NAME=pneumonia VERSION=n100`` with the tiny random CLIP, as printed before protocols became
+plug-ins (the single-protocol CLI of commit 4318859)."""
+
+
+def test_the_plug_in_reproduces_the_single_protocol_benchmark(tmp_path):
+    root = shared_data("kermany-dev")
+    draw = draw_subsets(PROTOCOL, root, "n100")
+    encoders = load_encoders(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
+    result = run_benchmark(PROTOCOL, draw, encoders, root, n_boot=1000, cache_dir=None)
+    assert format_table(result.table, PROTOCOL.methods, PROTOCOL.metrics) == BEFORE_PLUGINS_N100
+    metrics = result.metrics()
+    assert metrics["probe/auroc"] == pytest.approx(0.8575718575718576, abs=1e-9)
+    assert metrics["zero_shot/ap"] == pytest.approx(0.6545168195243941, abs=1e-9)
+    assert metrics["probe/auroc_ci_low"] == pytest.approx(0.7764800514800515, abs=1e-9)

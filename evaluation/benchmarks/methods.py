@@ -1,0 +1,63 @@
+"""Zero-shot and the linear probe for one binary finding: the two ways a protocol can ask any model a yes/no
+question, whether it was trained for it (zero-shot: nothing is fitted) or only gives features (the probe).
+
+Each returns the method's :class:`~evaluation.benchmarks.protocol.Prediction` on the test items, the columns it
+adds to ``scores.csv`` and the note that tells the reader how the answer was made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from evaluation.benchmarks.encoders import Encoded, Encoder
+from evaluation.benchmarks.probe import MAX_ITER, C, fit_probe, probe_probabilities
+from evaluation.benchmarks.protocol import Prediction
+
+PROBE_THRESHOLD = 0.5
+PROBE_PARAMS = {"probe_C": C, "probe_max_iter": MAX_ITER}
+"""The probe's fixed settings, logged with every run that uses it."""
+
+
+@dataclass
+class MethodResult:
+    """One method on the test items.
+
+    Attributes:
+        prediction: its answers, or ``None`` when the model cannot answer this way.
+        columns: ``scores.csv`` column -> ``(N,)`` values, in column order.
+        note: one line for the report.
+    """
+
+    prediction: Prediction | None
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    note: str = ""
+
+
+def binary_zero_shot(encoder: Encoder, test: Encoded, finding: str) -> MethodResult:
+    """The model's own score for the finding and its own decision rule (a probability above 0.5, a prompt margin
+    above 0), or why it has none."""
+    if not encoder.has_zero_shot:
+        return MethodResult(None, note=f"zero-shot: not available: {encoder.zero_shot_note}")
+    scores = test.zero_shot  # (N,)
+    decisions = scores > encoder.decision_threshold
+    word = finding.lower()
+    return MethodResult(
+        Prediction(scores, decisions),
+        {"zero_shot_score": scores, f"zero_shot_{word}": decisions.astype(int)},
+        f"zero-shot score: {encoder.zero_shot_kind}, {word} when above {encoder.decision_threshold:g}",
+    )
+
+
+def binary_probe(train: Encoded, train_labels: np.ndarray, test: Encoded, finding: str) -> MethodResult:
+    """Logistic regression on the training draw's embeddings (:mod:`evaluation.benchmarks.probe`), deciding at
+    a probability of 0.5."""
+    probe, converged = fit_probe(train.embeddings, train_labels)
+    probs = probe_probabilities(probe, test.embeddings)  # (N,)
+    decisions = probs > PROBE_THRESHOLD
+    warning = "" if converged else " (lbfgs did NOT converge within max_iter)"
+    note = (f"probe: logistic regression on {train.embeddings.shape[1]}-d standardised embeddings of "
+            f"{len(train_labels)} training images{warning}")  # fmt: skip
+    columns = {"probe_probability": probs, f"probe_{finding.lower()}": decisions.astype(int)}
+    return MethodResult(Prediction(probs, decisions), columns, note)
