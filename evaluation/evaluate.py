@@ -24,7 +24,7 @@ from evaluation.metric_registry import SUITE
 from evaluation.metrics import prevalence_baseline_map
 from evaluation.perturb import perturbed_set
 from evaluation.plots import write_plots
-from evaluation.report import write_report
+from evaluation.report import write_html, write_report
 from evaluation.suite import SuiteResult, compute_suite
 from evaluation.thresholds import select_thresholds
 from evaluation.tta import TTAPredictor
@@ -173,5 +173,5 @@ def store(evaluation: Evaluation, log_metrics: Callable[[dict], None], log_artif
     report.mkdir(parents=True, exist_ok=True)
     (report / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=1, sort_keys=True))
     plots = write_plots(evaluation, report) if make_plots else []
-    write_report(evaluation, report / "report.md", plots)
+    write_html(write_report(evaluation, report / "report.md", plots), report / "report.html")
     log_artifacts(report, "evaluation")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -71,6 +72,30 @@ def head_to_tail(evaluation, path: Path) -> Path:
     return _save(fig, path)
 
 
+def per_class_ap(evaluation, path: Path) -> Path:
+    """AP of every class with its bootstrap interval, head to tail, coloured by head-to-tail group: where the
+    tail sits, and which differences the test set can actually resolve."""
+    result = evaluation.sets["test"].result
+    ap = result.per_class["ap"]  # (C,)
+    order = [c for c in np.argsort(-evaluation.train_prevalence, kind="stable") if np.isfinite(ap[c])]
+    low = high = ap[order]
+    if result.n_boot:
+        replicates = result.replicates["ap"][:, order]  # (B, C'), NaN where a resample lacks the class
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a class absent from every resample: no interval
+            low, high = np.nanpercentile(replicates, [2.5, 97.5], axis=0)
+    group_of = {c: g for g, members in evaluation.groups.items() for c in members}
+    colours = {g: plt.get_cmap("tab10")(i) for i, g in enumerate(GROUPS)}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    err = np.nan_to_num(np.abs(np.array([ap[order] - low, high - ap[order]])))
+    ax.bar(range(len(order)), ap[order], yerr=err, capsize=2, color=[colours[group_of.get(c, "medium")] for c in order])
+    ax.set_xticks(range(len(order)), [evaluation.labels[c] for c in order], rotation=75, fontsize=6)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[g]) for g in GROUPS if g in evaluation.groups]
+    ax.legend(handles, [g for g in GROUPS if g in evaluation.groups], fontsize=7, title="group", title_fontsize=7)
+    ax.set(ylabel="AP (95% bootstrap CI)", ylim=(0, 1), title="Per-class AP on the test set, head -> tail")
+    return _save(fig, path)
+
+
 def perturbation_deltas(evaluation, path: Path) -> Path | None:
     if "test_perturbed" not in evaluation.sets:
         return None
@@ -95,6 +120,7 @@ def write_plots(evaluation, folder: Path) -> list[Path]:
         pr_curves(evaluation, targets, folder / "pr_curves.png"),
         reliability(evaluation, targets, folder / "reliability.png"),
         head_to_tail(evaluation, folder / "head_to_tail.png"),
+        per_class_ap(evaluation, folder / "per_class_ap.png"),
         perturbation_deltas(evaluation, folder / "perturbation_deltas.png"),
     ]
     return [p for p in paths if p is not None]

@@ -1,13 +1,22 @@
-"""A readable ``report.md`` with the run's tables, for people who do not want to click through MLflow."""
+"""A readable report of a run's tables and figures, for people who do not want to click through MLflow.
+
+``report.md`` for the repository-minded and diffs; ``report.html`` with the figures embedded, because MLflow's
+artifact viewer renders an HTML file in place but shows a markdown file's image links as raw text.
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+import re
 from pathlib import Path
 
 import numpy as np
+from markdown_it import MarkdownIt
 
 from evaluation.groups import GROUPS
 from evaluation.metric_registry import SUITE
+from evaluation.suite import DROPPED_SUFFIX
 
 HEADLINE = SUITE.headline()
 """Rows of the headline table: the registry's metrics that every metric set has (not the ``*_valthr`` ones)."""
@@ -19,6 +28,29 @@ def _ci(metrics: dict, key: str) -> str:
         return "-"
     low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
     return f"{value:.4f} [{low:.4f}, {high:.4f}]" if low is not None else f"{value:.4f}"
+
+
+def interval_notes(evaluation) -> list[str]:
+    """One sentence per headline metric whose point estimate lies outside its own bootstrap interval.
+
+    Not an error: the challenge drops a class from a resample's macro mean when the resample has no positive of it
+    (docs/rules.md §3), so resamples without a rare class average over easier classes. Saying how often that
+    happened keeps a reader from distrusting either number.
+    """
+    notes = []
+    for prefix, metric_set in evaluation.sets.items():
+        result = metric_set.result
+        for metric in HEADLINE:
+            value, low, high = (result.metrics.get(f"{metric}{suffix}") for suffix in ("", "_ci_low", "_ci_high"))
+            if value is None or low is None or not np.isfinite([value, low, high]).all() or low <= value <= high:
+                continue
+            rule = "mAUROC" if metric == "mAUROC" else "mAP"  # AUROC also needs a negative; the rest a positive
+            dropped = result.metrics.get(f"{rule}{DROPPED_SUFFIX}")
+            why = (f"{int(dropped)} of {result.n_boot} resamples left out a class the test set defines"
+                   if dropped is not None else "resamples left out classes")  # fmt: skip
+            notes.append(f"{prefix}/{metric} {value:.4f} lies outside its 95% CI [{low:.4f}, {high:.4f}]: {why} "
+                         "(the challenge's rule, docs/rules.md §3).")  # fmt: skip
+    return notes
 
 
 def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
@@ -36,6 +68,9 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         lines.append(f"| {metric} | " + " | ".join(_ci(m, f"{s}/{metric}") for s in sets) + " |")
     if "test_perturbed/delta/mAP" in m:
         lines += ["", f"Perturbed minus original mAP: {m['test_perturbed/delta/mAP']:+.4f}."]
+    notes = interval_notes(evaluation)
+    if notes:
+        lines += ["", *[f"- {note}" for note in notes]]
 
     lines += ["", "## Head-to-tail (groups by training prevalence)", "",
               "| group | classes | " + " | ".join(f"{s} mAP" for s in sets) + " |", "|---" * (len(sets) + 2) + "|"]  # fmt: skip
@@ -68,4 +103,34 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     if plots:
         lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+#: ``![alt](file.png)`` image links of the markdown report, to be embedded.
+IMAGE_LINK = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<name>[^)\s]+\.png)\)")
+STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:.6em 0;font-size:.85em}th,td{border:1px solid #ccc;padding:.25em .5em}"
+    "th{background:#f3f3f3}img{max-width:100%;display:block;margin:1em 0}"
+)
+
+
+def write_html(markdown_path: Path, path: Path) -> Path:
+    """``report.md`` as one self-contained HTML page: tables rendered, figures beside it embedded as data URIs."""
+
+    def embed(match: re.Match) -> str:
+        figure = markdown_path.parent / match["name"]
+        if not figure.is_file():
+            return match[0]
+        data = base64.b64encode(figure.read_bytes()).decode("ascii")
+        return f'<img alt="{html.escape(match["alt"])}" src="data:image/png;base64,{data}">'
+
+    body = (
+        MarkdownIt("commonmark", {"html": True})
+        .enable("table")
+        .render(IMAGE_LINK.sub(embed, markdown_path.read_text()))
+    )
+    title = "Evaluation report"
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+                    f"<style>{STYLE}</style></head><body>{body}</body></html>\n")  # fmt: skip
     return path

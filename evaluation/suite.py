@@ -35,6 +35,10 @@ MACRO_NAMES: dict[str, str] = SUITE.macro_names()
 suite itself reads the registry on every call, so a metric registered later is computed too."""
 
 VALTHR_METRICS = tuple(m.key for m in SUITE.per_class(val_thresholds=True) if m.needs_val_thresholds)
+#: Macros whose bootstrap also reports how many resamples left out a class (``mAP_resamples_dropping_a_class``):
+#: mAP for the no-positive rule every per-class metric shares, mAUROC for its no-positive-or-no-negative rule.
+DROP_COUNTED = ("mAP", "mAUROC")
+DROPPED_SUFFIX = "_resamples_dropping_a_class"
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,20 @@ class SuiteResult:
             return point, float("nan"), float("nan")
         low, high = percentile_ci(_macro(self.replicates[key][:, cols]), self.ci)
         return point, low, high
+
+    def resamples_dropping_a_class(self, metric: str) -> int:
+        """How many resamples left out a class that the full test set defines for ``metric``.
+
+        The challenge's rule drops a class from a resample's macro mean when the resample has no positive of it
+        (AUROC: or no negative). A resample without a rare class averages over fewer, usually easier classes, so
+        many such resamples can push the interval above its own point estimate (docs/rules.md §3). This count
+        says how often it happened.
+        """
+        key = SUITE.by_key(metric).key
+        if self.n_boot == 0:
+            return 0
+        defined = np.isfinite(self.per_class[key])  # (C,)
+        return int((np.isnan(self.replicates[key]) & defined).any(axis=1).sum())
 
     def group_metrics(self, groups: Mapping[str, Sequence[int | str]]) -> dict[str, float]:
         """``group/<g>/<macro>`` with ``_ci_low``/``_ci_high`` for every macro metric, from the same resamples."""
@@ -283,6 +301,8 @@ def compute_suite(
         metrics[name] = value
         if n_boot:
             metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = low, high
+            if name in DROP_COUNTED:
+                metrics[f"{name}{DROPPED_SUFFIX}"] = result.resamples_dropping_a_class(key)
     for name, values in pooled_point.items():
         metrics[name] = float(values[0])
         if n_boot:

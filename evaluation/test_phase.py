@@ -8,12 +8,16 @@ report lands in both at once.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Protocol
 
 from evaluation.evaluate import Evaluation, evaluate, store
+from evaluation.report import interval_notes
 from evaluation.unseen import UnseenReport, compute_unseen, store_unseen
+
+log = logging.getLogger(__name__)
 
 
 class RunSink(Protocol):
@@ -41,6 +45,8 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
         The evaluation and the unseen-class report (None unless the model is zero-shot).
     """
     evaluation = evaluate(model, datamodule, cfg)
+    for note in interval_notes(evaluation):  # the terminal says it too, not only report.md
+        log.warning("%s", note)
     with tempfile.TemporaryDirectory() as tmp:
         store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots)
     unseen = compute_unseen(model, datamodule, cfg)
