@@ -61,7 +61,7 @@ tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=tas
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
 	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN))
 
-serve: setup ## Serve the champion over REST on 127.0.0.1:$(PORT): make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
+serve: setup ## Serve the champion over REST on 127.0.0.1:5000: make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
 	MLFLOW_TRACKING_URI="$$($(TRACKING_URI))" PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
 		--env-manager local -h 127.0.0.1 -p $(PORT)
 

@@ -53,6 +53,36 @@ def interval_notes(evaluation) -> list[str]:
     return notes
 
 
+def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = None) -> list[str]:
+    """The few numbers a user wants in the terminal when a run ends: headline with intervals, groups, TTA,
+    perturbed, and the unseen classes of a zero-shot run."""
+
+    lines = ["test: " + ", ".join(f"{name} {_ci3(metrics, f'test/{name}')}" for name in ("mAP", "mAUROC", "mF1", "mECE"))
+             + f" (prevalence baseline mAP {metrics.get('test/prevalence_baseline_mAP', float('nan')):.3f})"]  # fmt: skip
+    groups = [f"{g} {metrics[f'test/group/{g}/mAP']:.3f}" for g in GROUPS if f"test/group/{g}/mAP" in metrics]
+    if groups:
+        lines.append("mAP by group: " + " / ".join(groups))
+    if "test_tta/mAP" in metrics:
+        lines.append(f"mAP with TTA: {_ci3(metrics, 'test_tta/mAP')}")
+    if "test_perturbed/mAP" in metrics:
+        lines.append(
+            f"mAP perturbed: {_ci3(metrics, 'test_perturbed/mAP')} ({metrics['test_perturbed/delta/mAP']:+.3f})"
+        )
+    if unseen and "test_unseen/mAP" in unseen:
+        lines.append(
+            f"unseen classes: mAP {_ci3(unseen, 'test_unseen/mAP')}, mAUROC {_ci3(unseen, 'test_unseen/mAUROC')}"
+        )
+    return lines
+
+
+def _ci3(metrics: dict, key: str) -> str:
+    value = metrics.get(key)
+    if value is None or not np.isfinite(value):
+        return "-"
+    low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
+    return f"{value:.3f} [{low:.3f}, {high:.3f}]" if low is not None else f"{value:.3f}"
+
+
 def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     """Headline metrics per metric set, head-to-tail groups, per source, per class; figures linked."""
     m = evaluation.metrics

@@ -11,9 +11,11 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from evaluation.report import summary_lines
 from evaluation.test_phase import run_test_phase
 from training.checkpoint_io import AtomicCheckpointIO
 from training.components import build_component
+from training.console import console_callbacks, quiet_lightning
 from training.data.datamodule import CXRDataModule
 from training.distributed import forget_shared, process_of, share_from_rank_zero
 from training.models.factory import model_from_config
@@ -80,8 +82,11 @@ def run_training(
         enable_version_counter=False, save_on_train_epoch_end=True,
     )  # fmt: skip
     # Built before the run exists: its strategy says which process this is. The logger is attached on rank 0 only.
+    quiet_lightning()
+    progress = cfg.trainer.get("enable_progress_bar", True)
     trainer = L.Trainer(
-        **cfg.trainer, logger=False, callbacks=[checkpoint, *callbacks], plugins=[AtomicCheckpointIO()],
+        **cfg.trainer, logger=False, callbacks=[checkpoint, *console_callbacks(progress), *callbacks],
+        plugins=[AtomicCheckpointIO()],
         default_root_dir=cfg.tracking.checkpoint_root,
     )  # fmt: skip
     process = process_of(trainer)
@@ -121,7 +126,7 @@ def run_training(
     finally:
         forget_shared()
     session.close("FINISHED")
-    log.info("run %s finished; compare it with `make ui`", session.run_id)
+    log.info("run %s finished: %s (`make ui` serves it)", session.run_id, session.ui_url)
     return session.run_id
 
 
@@ -160,7 +165,8 @@ def _test(
         else {}
     )
     session.log_metrics({"best_epoch": state["epoch"], **best_score})
-    evaluation, _ = run_test_phase(model, datamodule, cfg, session)  # zero-shot tasks: test_unseen/... too
-    log.info("test/mAP %.4f [%.4f, %.4f] (prevalence baseline %.4f)", *(evaluation.metrics.get(k, float("nan"))
-             for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/prevalence_baseline_mAP")))  # fmt: skip
+    evaluation, unseen = run_test_phase(model, datamodule, cfg, session)  # zero-shot tasks: test_unseen/... too
     session.log_artifact(best, "checkpoints")
+    lines = summary_lines(evaluation.metrics, unseen.metrics if unseen else None)
+    lines.append(f"report: {session.artifact_uri}/evaluation/report.html")
+    log.info("run %s, best epoch %d:\n  %s", session.run_id, state["epoch"], "\n  ".join(lines))
