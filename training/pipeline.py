@@ -20,6 +20,7 @@ from training.data.datamodule import CXRDataModule
 from training.distributed import forget_shared, process_of, share_from_rank_zero
 from training.models.factory import model_from_config
 from training.models.module import MultiLabelClassifier
+from training.tracking.run_context import record_context, start_system_metrics
 from training.tracking.session import TrackingSession, open_session, tracking_uri
 from training.tracking.uri import tracking_client
 from training.zeroshot.leak_guard import guard_unseen
@@ -117,17 +118,28 @@ def run_training(
         return run["run_id"]
     (session,) = sessions
     trainer.logger = session.logger
+    monitor = None
     try:
+        if session.resume_from is None:  # a resumed run has its datasets and description already
+            record_context(session.client, session.run_id, cfg, datamodule)
+        monitor = start_system_metrics(session.run_id, session.uri, cfg, resumed=session.resume_from is not None)
         model = _fit(cfg, trainer, datamodule, stage, session.client, run["resume_from"])
         _test(cfg, model, datamodule, session, checkpoint)
     except BaseException as error:
+        _stop(monitor)
         session.close(status_on_error(error))
         raise
     finally:
         forget_shared()
+    _stop(monitor)
     session.close("FINISHED")
     log.info("run %s finished: %s (`make ui` serves it)", session.run_id, session.ui_url)
     return session.run_id
+
+
+def _stop(monitor) -> None:
+    if monitor is not None:
+        monitor.finish()
 
 
 def _run_tags(cfg: DictConfig, datamodule: CXRDataModule) -> dict[str, str]:

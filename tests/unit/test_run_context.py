@@ -1,0 +1,38 @@
+"""A run's datasets and description as MLflow shows them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from training.tracking.run_context import dataset_inputs, describe
+
+
+def _cfg(**extra):
+    return OmegaConf.create({"task": {"name": "task2"}, "model": {"name": "resnet18"}, "loss": {"name": "asl"},
+                             "sampler": {"name": "class_aware"}, "seed": 7, **extra})  # fmt: skip
+
+
+def test_description_names_what_was_trained_on_what():
+    assert describe(_cfg(), "nih14", "ab12") == (
+        "task2: resnet18 with asl loss and class_aware sampling, seed 7; data nih14 (manifest ab12)."
+    )
+    text = describe(_cfg(adapter={"name": "semantic"}, stage={"name": "crt"}), "nih14", "ab12")
+    assert "zero-shot adapter semantic, stage crt, seed 7" in text
+
+
+def test_one_dataset_per_split_with_the_manifest_fingerprint_as_digest(tmp_path: Path):
+    table = pd.DataFrame({"image_id": ["a", "b", "c", "d"], "split": ["train", "train", "val", "test"]})
+    manifest = SimpleNamespace(fingerprint="c2834b923386", source_file=tmp_path / "manifest.csv")
+    datamodule = SimpleNamespace(
+        manifest=manifest, source=SimpleNamespace(name="synthetic"),
+        split_frame=lambda split: table[table["split"] == split].reset_index(drop=True),
+    )  # fmt: skip
+    inputs = dataset_inputs(datamodule)
+    assert [(i.dataset.name, i.dataset.digest, [(t.key, t.value) for t in i.tags]) for i in inputs] == [
+        (f"synthetic-{split}", "c2834b923386", [("mlflow.data.context", split)]) for split in ("train", "val", "test")
+    ]
+    assert '"num_rows": 2' in inputs[0].dataset.profile  # the train rows, not the whole manifest

@@ -1,0 +1,76 @@
+"""What MLflow shows about a run beyond params and metrics: its data sets, a one-line description, and the
+machine's load while it trained.
+
+- **Datasets** (``log_inputs``): the manifest's train, val and test rows, each named ``<source>-<split>`` with the
+  manifest's fingerprint as digest and the split as context, so the runs table's Dataset column and filter
+  work, and two runs on different data cannot be mistaken for comparable.
+- **Description** (``mlflow.note.content``): task, model, loss, sampler, stage and seed in words, the first thing
+  the run page shows.
+- **System metrics** (``system/...``: CPU, memory, disk, network; GPU through ``nvidia-ml-py`` when installed),
+  sampled every ``tracking.system_metrics.interval_s`` seconds by MLflow's own monitor, so a slow run can be told
+  apart from a starved machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import mlflow.data
+from mlflow.entities import DatasetInput, InputTag
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+DESCRIPTION_TAG = "mlflow.note.content"
+
+
+def describe(cfg: DictConfig, source_name: str, fingerprint: str) -> str:
+    """The run in one sentence, as the run page's description."""
+    stage = cfg.get("stage", {}).get("name", "scratch")
+    adapter = cfg.get("adapter", {}).get("name", "none")
+    parts = [f"{cfg.task.name}: {cfg.model.name} with {cfg.loss.name} loss and {cfg.sampler.name} sampling"]
+    if adapter != "none":
+        parts.append(f"zero-shot adapter {adapter}")
+    if stage != "scratch":
+        parts.append(f"stage {stage}")
+    parts.append(f"seed {cfg.seed}; data {source_name} (manifest {fingerprint})")
+    return ", ".join(parts) + "."
+
+
+def dataset_inputs(datamodule) -> list[DatasetInput]:
+    """One MLflow dataset per split of the data module's manifest (see the module docstring)."""
+    manifest = datamodule.manifest
+    inputs = []
+    for split in SPLITS:
+        frame = datamodule.split_frame(split)
+        with warnings.catch_warnings():  # MLflow registers the local-file source twice and says so on every call
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            dataset = mlflow.data.from_pandas(frame, source=str(manifest.source_file),
+                                              name=f"{datamodule.source.name}-{split}", digest=manifest.fingerprint)  # fmt: skip
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, split)]))
+    return inputs
+
+
+def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
+    """Log the datasets and the description of a new run (a resumed run already has them)."""
+    client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
+    client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
+
+
+def start_system_metrics(run_id: str, uri: str, cfg: DictConfig, resumed: bool):
+    """MLflow's system-metrics monitor on the run, or None when switched off or unavailable (``finish()`` it)."""
+    settings = cfg.tracking.get("system_metrics") or {}
+    if not settings.get("enabled", True):
+        return None
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError as error:  # psutil missing: train anyway, say why the charts are empty
+        log.warning("no system metrics: %s", error)
+        return None
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=float(settings.get("interval_s", 10)),
+                                   resume_logging=resumed, tracking_uri=uri)  # fmt: skip
+    monitor.start()
+    return monitor
