@@ -17,6 +17,7 @@ from mlflow.entities import Param
 
 from evaluation.benchmarks.models import model_kind
 from evaluation.benchmarks.runner import BenchmarkResult
+from training.tracking.run_context import EXPERIMENT_KIND
 from training.tracking.session import git_commit, log_metric_batch
 from training.tracking.uri import is_local_store
 
@@ -31,7 +32,7 @@ def experiment_id(client: MlflowClient, name: str, uri: str, artifact_root: str)
     if experiment is not None:
         return experiment.experiment_id
     location = Path(artifact_root).resolve().as_uri() if is_local_store(uri) else None
-    return client.create_experiment(name, artifact_location=location)
+    return client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
 
 
 def zero_shot_kind(result: BenchmarkResult) -> str:

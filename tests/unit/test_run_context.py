@@ -36,3 +36,16 @@ def test_one_dataset_per_split_with_the_manifest_fingerprint_as_digest(tmp_path:
         (f"synthetic-{split}", "c2834b923386", [("mlflow.data.context", split)]) for split in ("train", "val", "test")
     ]
     assert '"num_rows": 2' in inputs[0].dataset.profile  # the train rows, not the whole manifest
+
+
+def test_experiments_are_marked_as_model_training_unless_already_chosen(tmp_path):
+    from training.tracking.run_context import EXPERIMENT_KIND, mark_model_training
+    from training.tracking.uri import tracking_client
+
+    client = tracking_client(f"sqlite:///{tmp_path}/mlflow.db")
+    fresh = client.create_experiment("task1")
+    chosen = client.create_experiment("genai", tags={EXPERIMENT_KIND[0]: "genai_development"})
+    for experiment in (fresh, chosen):
+        mark_model_training(client, experiment)
+    assert client.get_experiment(fresh).tags[EXPERIMENT_KIND[0]] == "custom_model_development"
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND[0]] == "genai_development"

@@ -4,6 +4,7 @@ machine's load while it trained.
 - **Datasets** (``log_inputs``): the manifest's train, val and test rows, each named ``<source>-<split>`` with the
   manifest's fingerprint as digest and the split as context, so the runs table's Dataset column and filter
   work, and two runs on different data cannot be mistaken for comparable.
+- **Experiment kind** (``mlflow.experimentKind``): model training, so the UI opens the runs table.
 - **Description** (``mlflow.note.content``): task, model, loss, sampler, stage and seed in words, the first thing
   the run page shows.
 - **System metrics** (``system/...``: CPU, memory, disk, network; GPU through ``nvidia-ml-py`` when installed),
@@ -25,6 +26,16 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 DESCRIPTION_TAG = "mlflow.note.content"
+#: MLflow 3's UI opens an experiment without this tag on its GenAI overview (traces, tokens); with it, on the runs
+#: table of a model-training experiment.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
+def mark_model_training(client, experiment_id: str) -> None:
+    """Tag the experiment as model training unless someone already chose its kind."""
+    key, value = EXPERIMENT_KIND
+    if key not in client.get_experiment(experiment_id).tags:
+        client.set_experiment_tag(experiment_id, key, value)
 
 
 def describe(cfg: DictConfig, source_name: str, fingerprint: str) -> str:
@@ -55,7 +66,8 @@ def dataset_inputs(datamodule) -> list[DatasetInput]:
 
 
 def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
-    """Log the datasets and the description of a new run (a resumed run already has them)."""
+    """Log the datasets and the description of a new run (a resumed run already has them); mark its experiment."""
+    mark_model_training(client, client.get_run(run_id).info.experiment_id)
     client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
     client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
 
