@@ -12,8 +12,9 @@ from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from evaluation.test_phase import run_test_phase
+from training.errors import hydra_user_errors, run_hydra_entry
 from training.pipeline import build_datamodule
-from training.runs import load_finished
+from training.runs import ModelNotFound, UnsafeConfig, load_finished
 from training.tracking.session import log_metric_batch
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
@@ -65,6 +66,7 @@ def evaluate_run(
 
 
 @hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+@hydra_user_errors(UnsafeConfig, ModelNotFound)  # a refused stored config or an unknown run: the message says all
 def main(cfg: DictConfig) -> None:
     client = tracking_client(resolve_tracking_uri(cfg.get("tracking_uri")))
     metrics = evaluate_run(str(cfg.run), cfg.evaluation, cfg.tta, client)
@@ -73,4 +75,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry(main, "evaluate")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,26 @@ import pandas as pd
 
 class PredictionsError(ValueError):
     """Predictions that cannot be scored; the message names the file, row and column."""
+
+
+def read_predictions(path: str | Path) -> pd.DataFrame:
+    """A predictions CSV with every cell as text, so ids stay as written (``000123`` is not the number 123).
+
+    Probabilities are converted, and checked cell by cell, in :func:`align_predictions`.
+
+    Raises:
+        PredictionsError: the file is missing, empty or not a CSV.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PredictionsError(f"predictions file not found: {path}")
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise PredictionsError(f"{path}: empty file, not even a header line (expected image_id and one column "
+                               "per class)") from None  # fmt: skip
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise PredictionsError(f"{path}: not a readable CSV file: {error}") from None
 
 
 def align_predictions(predictions: pd.DataFrame, truth: pd.DataFrame, labels: Sequence[str], source: str = "predictions"
@@ -21,7 +42,8 @@ def align_predictions(predictions: pd.DataFrame, truth: pd.DataFrame, labels: Se
     NaN or non-numeric cells, probabilities outside [0, 1].
 
     Args:
-        predictions: ``image_id`` plus one probability column per label.
+        predictions: ``image_id`` plus one probability column per label, as :func:`read_predictions` reads them
+            (ids as text; a frame whose ids were parsed as numbers has already lost their leading zeros).
         truth: ``image_id`` plus one column per label (1, 0, or NaN for not labelled).
         labels: class columns to score, in order.
         source: file name used in messages.

@@ -32,6 +32,8 @@ from omegaconf import OmegaConf
 
 from evaluation.metric_registry import SUITE
 from evaluation.serving import Scorer, example_request, save_artifacts, signature
+from training.errors import user_errors
+from training.runs import ModelNotFound, UnsafeConfig
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
@@ -180,13 +182,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the task name)")
     parser.add_argument("--run", default=None, help="register this run id instead of the best one")
     parser.add_argument("--alias", default=ALIAS)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = resolve_tracking_uri()
     mlflow.set_tracking_uri(uri)  # log_model below uses MLflow's fluent API
     metric = args.metric or selection_metric(args.task)
-    version = register_best(tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias)
+    # An unknown or unsafe run is the user's to fix from the message; anything else is a bug, with its traceback.
+    with user_errors(UnsafeConfig, ModelNotFound, debug=args.debug):
+        version = register_best(tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias)
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
              args.alias, version.name, args.alias)  # fmt: skip
 

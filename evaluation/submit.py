@@ -33,7 +33,8 @@ from evaluation.serving import Scorer
 from evaluation.submission import SubmissionError, Template, build_submission, validate, validate_file
 from evaluation.tta import TTAPredictor
 from training.data.images import read_grayscale
-from training.runs import read_config
+from training.errors import user_errors
+from training.runs import ModelNotFound, UnsafeConfig, read_config
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
@@ -120,13 +121,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--tta", default=None, help="a configs/tta/<name>.yaml, e.g. default or multicrop")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = resolve_tracking_uri()
     models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
     out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
-    frame = submit(tracking_client(uri), models, out, args.template, args.manifest, args.root, args.split, args.tta)
+    # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
+    with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, debug=args.debug):
+        frame = submit(tracking_client(uri), models, out, args.template, args.manifest, args.root, args.split,
+                       args.tta)  # fmt: skip
     log.info("wrote %s: %d rows x %d classes, validated; logged to the source run(s)", out, len(frame),
              frame.shape[1] - 1)  # fmt: skip
 

@@ -1,4 +1,7 @@
-"""``make data-check DATA=<name> DATA_ROOT=<path>``: build the manifest and report on it; exit 1 on errors."""
+"""``make data-check DATA=<name> DATA_ROOT=<path>``: build the manifest and report on it; exit 1 on errors.
+
+``ARGS="+task=<name>"`` also requires that task's label columns, as training on that task would.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,21 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from training.data.check import check_dataset
+from training.errors import hydra_user_errors, run_hydra_entry
 
 
 @hydra.main(config_path="../configs", config_name="data_tools", version_base="1.3")
+@hydra_user_errors()
 def main(cfg: DictConfig) -> None:
     source = instantiate(cfg.data.source)
     manifest = source.prepare()
     extra = list(cfg.data.get("extra_columns") or []) + list(getattr(source, "extra_columns", ()))
-    report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4)
+    task = cfg.get("task")
+    labels = [*task.labels, *(task.get("unseen") or [])] if task is not None else None
+    report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4, labels=labels)
     print(f"manifest: {manifest}\nimages:   {source.root}\n\n{report.render()}")
     sys.exit(1 if report.errors else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry(main, "data_tools")

@@ -1,22 +1,34 @@
-"""``make prepare DATA=<name> DATA_ROOT=<path> SIZE=<px>``: decode every image once into the preprocessing cache."""
+"""``make prepare DATA=<name> DATA_ROOT=<path> SIZE=<px>``: decode every image once into the preprocessing cache.
+
+The manifest is validated first, by the validation training runs (file existence aside: an unreadable image is
+what this command lists), so no cache is built for a manifest training would refuse.
+"""
 
 from __future__ import annotations
 
 import sys
 
 import hydra
-import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
+from training.data.findings import KNOWN_FINDINGS
+from training.data.manifest import ManifestError, check_manifest
+from training.errors import hydra_user_errors, run_hydra_entry
 
 
 @hydra.main(config_path="../configs", config_name="data_tools", version_base="1.3")
+@hydra_user_errors()
 def main(cfg: DictConfig) -> None:
     source = instantiate(cfg.data.source)
     manifest = source.prepare()
-    table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    extra = list(cfg.data.get("extra_columns") or []) + list(getattr(source, "extra_columns", ()))
+    found = check_manifest(manifest, None, KNOWN_FINDINGS, root=source.root, extra_columns=extra, check_files=False)
+    if found.problems:
+        raise ManifestError(f"{manifest}: {len(found.problems)} problem(s), no cache was built:\n  "
+                            + "\n  ".join(found.problems))  # fmt: skip
+    table = found.table
     cache = PreprocessedCache(image_list_fingerprint(table["image_id"], table["path"], source.root), cfg.data.image_size, cfg.data.get("resize", "stretch"),
                               root=cfg.data.get("cache_root") or CACHE_ROOT)  # fmt: skip
     report = cache.build([source.root / p for p in table["path"]], list(table["image_id"]), workers=cfg.workers)
@@ -30,4 +42,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry(main, "data_tools")

@@ -36,6 +36,7 @@ from torch import nn
 from evaluation.thresholds import select_thresholds
 from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
+from training.errors import UserError
 from training.models.factory import build_model
 from training.models.module import MultiLabelClassifier
 from training.tracking.uri import tracking_client
@@ -49,12 +50,16 @@ PROJECT_PACKAGES = ("training.", "evaluation.")
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 
 
-class ModelNotFound(LookupError):
+class ModelNotFound(UserError, LookupError):
     """The named run, model version or one of its artifacts does not exist in the tracking store."""
 
 
-class UnsafeConfig(ValueError):
+class UnsafeConfig(UserError, ValueError):
     """A config read back from a run names a class that this project does not allow to be built from it."""
+
+
+class RunNotFinished(UserError, ValueError):
+    """The run is still running, failed or was killed: it has no tested best checkpoint to load."""
 
 
 class SeenAndUnseen(nn.Module):
@@ -185,7 +190,7 @@ def load_finished(reference: str, client: MlflowClient | None = None) -> Finishe
 
     Raises:
         ModelNotFound: no such run or version, or it lacks ``config.yaml`` / ``checkpoints/best.ckpt``.
-        ValueError: the run is not FINISHED (only a finished run has a tested best checkpoint).
+        RunNotFinished: the run is not FINISHED (only a finished run has a tested best checkpoint).
         UnsafeConfig: the stored config names a class outside the allowed ones.
     """
     client = client or tracking_client()
@@ -195,7 +200,7 @@ def load_finished(reference: str, client: MlflowClient | None = None) -> Finishe
     except MlflowException as error:
         raise ModelNotFound(f"no run {run_id!r} in the tracking store {client.tracking_uri}") from error
     if run.info.status != "FINISHED":
-        raise ValueError(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
+        raise RunNotFinished(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = read_config(client, run_id, tmp)
@@ -229,7 +234,7 @@ def read_config(client: MlflowClient, run_id: str, folder: str) -> DictConfig:
 def validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], folder: str) -> list[float] | None:
     """Per-class F1-maximising thresholds from the run's ``predictions/val.csv``, or None when it has none."""
     try:
-        frame = pd.read_csv(client.download_artifacts(run_id, VAL_PREDICTIONS, folder))
+        frame = pd.read_csv(client.download_artifacts(run_id, VAL_PREDICTIONS, folder), dtype={"image_id": str})
     except (MlflowException, OSError, ValueError):  # an older or partial run simply has no thresholds to carry
         return None
     if not all(name in frame and f"true/{name}" in frame for name in labels):

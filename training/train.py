@@ -1,15 +1,24 @@
-"""Entry point: ``python -m training.train task=task1 [overrides]`` (what ``make train`` runs)."""
+"""Entry point: ``python -m training.train task=task1 [overrides]`` (what ``make train`` runs).
+
+A mistake of the user's (a broken manifest or release, an override naming a setting the chosen config lacks or
+giving a number as text) ends with its message alone, as Hydra's own config errors do; ``HYDRA_FULL_ERROR=1``
+shows the traceback (:mod:`training.errors`).
+"""
 
 import hydra
 from omegaconf import DictConfig
 
-from training.pipeline import run_training
+from training.errors import hydra_user_errors, run_hydra_entry
 
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
+@hydra_user_errors()
 def main(cfg: DictConfig) -> None:
+    # Imported here, not at the top: a mistyped command line is then answered before torch and Lightning load.
+    from training.pipeline import run_training
+
     run_training(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry(main, "train")

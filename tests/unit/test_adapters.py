@@ -180,3 +180,32 @@ def test_organiser_spellings_round_trip():
         assert canonical_name(organiser) == paper
         assert canonical_name(organiser.upper().replace(" ", "_")) == paper
     assert canonical_name("Pleural Efusion") is None
+
+
+def test_yes_no_mean_the_same_through_the_table_adapter_and_a_manifest(tmp_path):
+    """data=csv and data=manifest read one spelling alike: the adapter's manifest equals the hand-written one."""
+    root = tmp_path / "t"
+    root.mkdir()
+    words = ["yes", "no", "Yes", "NO", "true", "False", "1", "0", ""]
+    rows = {"image": [f"{i}.png" for i in range(9)], "patient": [f"p{i}" for i in range(9)],
+            "set": ["train", "val", "test"] * 3, "Mass": words}  # fmt: skip
+    pd.DataFrame(rows).to_csv(root / "labels.csv", index=False)
+    for i in range(9):
+        image(root / f"{i}.png")
+    adapted = TableSource(str(root), image_column="image", patient_column="patient", split_column="set",
+                          out_dir=str(tmp_path / "m")).prepare()  # fmt: skip
+    hand = pd.DataFrame({"image_id": rows["image"], "path": rows["image"], "split": rows["set"],
+                         "patient_id": rows["patient"], "Mass": words})  # fmt: skip
+    hand.to_csv(tmp_path / "hand.csv", index=False)
+    from_adapter = load_manifest(adapted, ["Mass"], ["Mass"], root=root).table["Mass"].to_numpy()
+    from_manifest = load_manifest(tmp_path / "hand.csv", ["Mass"], ["Mass"], root=root).table["Mass"].to_numpy()
+    np.testing.assert_array_equal(from_adapter, from_manifest)
+    np.testing.assert_array_equal(from_manifest, [1, 0, 1, 0, 1, 0, 1, 0, np.nan])
+
+
+def test_empty_label_table_is_named(tmp_path):
+    root = tmp_path / "t"
+    root.mkdir()
+    (root / "labels.csv").write_text("")
+    with pytest.raises(AdapterError, match=r"labels\.csv: empty file"):
+        TableSource(str(root), out_dir=str(tmp_path / "m")).prepare()

@@ -74,7 +74,7 @@ def test_bad_label_value_and_split_are_reported_together(make_manifest, task1_la
     path = make_manifest(n=12)
 
     def corrupt(t):
-        t.loc[3, "Nodule"] = "yes"
+        t.loc[3, "Nodule"] = "maybe"
         t.loc[5, "split"] = "training"
         return t
 
@@ -83,7 +83,7 @@ def test_bad_label_value_and_split_are_reported_together(make_manifest, task1_la
         _load(path, task1_labels)
     message = str(error.value)
     assert "2 problem(s)" in message
-    assert "line 5, column 'Nodule': 'yes' is not 0, 1 or empty" in message
+    assert "line 5, column 'Nodule': 'maybe' is not 0/1 or empty" in message
     assert "line 7, column 'split': 'training' is not one of" in message
 
 
@@ -101,3 +101,70 @@ def test_empty_cell_means_not_labelled(make_manifest, task1_labels):
     column = task1_labels.index("Fracture")
     assert targets[0, column] == -1
     assert (targets[1:, column] >= 0).all()
+
+
+def test_yes_no_and_true_false_read_as_one_and_zero(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    plain = _load(path, task1_labels).targets("train")
+    words = {"1": ["yes", "True"], "0": ["no", "FALSE"]}  # the spellings the generic table adapter accepts
+    _edit(path, lambda t: t.assign(**{c: [words[v][i % 2] for i, v in enumerate(t[c])] for c in task1_labels}))
+    np.testing.assert_array_equal(_load(path, task1_labels).targets("train"), plain)
+
+
+def test_header_only_manifest_is_refused(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.iloc[:0])
+    with pytest.raises(ManifestError, match=r"manifest\.csv: 1 problem.*\n  line 1: a header without rows"):
+        _load(path, task1_labels)
+
+
+def test_empty_file_is_named(tmp_path, task1_labels):
+    path = tmp_path / "manifest.csv"
+    path.write_text("")
+    with pytest.raises(ManifestError, match=rf"^{path}: empty file"):
+        _load(path, task1_labels)
+
+
+def test_a_split_without_images_is_refused(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t[t["split"] != "val"])
+    with pytest.raises(ManifestError, match=r"column 'split': no 'val' rows"):
+        _load(path, task1_labels)
+    assert len(load_manifest(path, task1_labels, KNOWN_FINDINGS, splits=("test",)).split("test")) == 4
+
+
+@pytest.mark.parametrize("column", ["image_id", "patient_id"])
+def test_scientific_notation_ids_are_refused_not_read_as_numbers(make_manifest, task1_labels, column):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(**{column: t[column].where(t.index != 3, "1e5")}))
+    with pytest.raises(ManifestError, match=rf"line 5, column '{column}': '1e5' looks like a number"):
+        _load(path, task1_labels)
+
+
+def test_ids_stay_text(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(image_id=[f"{i:06d}" for i in range(len(t))]))
+    assert _load(path, task1_labels).split("train")["image_id"].tolist() == ["000000", "000003", "000006", "000009"]
+
+
+def test_data_check_and_training_share_the_validation(make_manifest, task1_labels):
+    """Every manifest training refuses, make data-check refuses too, with the same problem lines."""
+    from training.data.check import check_dataset
+
+    path = make_manifest(n=12)
+    original = pd.read_csv(path, dtype=str, keep_default_na=False)
+    breakers = {
+        "unknown column": lambda t: t.rename(columns={"Cardiomegaly": "Cardiomegally"}),
+        "header only": lambda t: t.iloc[:0],
+        "scientific id": lambda t: t.assign(image_id=t["image_id"].where(t.index != 0, "1.5E+3")),
+        "bad label": lambda t: t.assign(Hernia=t["Hernia"].where(t.index != 0, "maybe")),
+        "missing split": lambda t: t[t["split"] != "test"],
+    }
+    for name, breaker in breakers.items():
+        breaker(original.copy()).to_csv(path, index=False)
+        with pytest.raises(ManifestError) as error:
+            load_manifest(path, task1_labels, KNOWN_FINDINGS, check_files=False)
+        trained = str(error.value).splitlines()[1:]
+        report = check_dataset(path, path.parent)
+        assert [line.strip() for line in trained if "required by the task" not in line] == report.errors, name
+        assert report.errors, name

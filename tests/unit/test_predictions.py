@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.predictions import PredictionsError, align_predictions
+from evaluation.predictions import PredictionsError, align_predictions, read_predictions
 
 LABELS = ["A", "B"]
 
@@ -38,3 +38,29 @@ def test_bad_predictions_are_named(pair, edit, message):
     predictions, truth = pair
     with pytest.raises(PredictionsError, match=message):
         align_predictions(edit(predictions), truth, LABELS, source="preds.csv")
+
+
+def test_ids_with_leading_zeros_are_read_as_written(tmp_path):
+    """An export keyed by 000123 matches ground truth keyed by 000123, not by the number 123."""
+    truth = pd.DataFrame({"image_id": ["000123", "004560", "7"], "A": [1.0, 0.0, 1.0], "B": [0.0, 1.0, 0.0]})
+    path = tmp_path / "preds.csv"
+    path.write_text("image_id,A,B\n004560,0.25,0.5\n7,0.125,0.75\n000123,1,0\n")
+    targets, probs = align_predictions(read_predictions(path), truth, LABELS, source=str(path))
+    np.testing.assert_array_equal(probs, [[1.0, 0.0], [0.25, 0.5], [0.125, 0.75]])
+    np.testing.assert_array_equal(targets, truth[LABELS].to_numpy())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", r"preds\.csv: empty file"),
+        ("image_id,A,B\nx,0.5,\n", r"preds\.csv: line 2, column 'B': '' is not a probability"),
+        ('image_id,A,B\nx,"0.5\n', r"preds\.csv: not a readable CSV file"),
+    ],
+)
+def test_unreadable_files_and_empty_cells_are_named(tmp_path, text, message):
+    path = tmp_path / "preds.csv"
+    path.write_text(text)
+    truth = pd.DataFrame({"image_id": ["x"], "A": [1.0], "B": [0.0]})
+    with pytest.raises(PredictionsError, match=message):
+        align_predictions(read_predictions(path), truth, LABELS, source=str(path))

@@ -1,7 +1,13 @@
-"""``make data-check``: what a dataset holds and everything wrong with it, before any training is attempted."""
+"""``make data-check``: what a dataset holds and everything wrong with it, before any training is attempted.
+
+The manifest is judged by :func:`training.data.manifest.check_manifest`, the validation training itself runs, so a
+dataset the check passes is one training accepts. On top of it the check reads every image (training only checks
+that each file exists) and prints the counts a reader wants before spending hours on a run.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +17,7 @@ import pandas as pd
 from evaluation.groups import frequency_group
 from training.data.findings import KNOWN_FINDINGS
 from training.data.images import check_file, read_grayscale
-from training.data.manifest import META_COLUMNS, SPLITS, ManifestError, csv_line, load_manifest
+from training.data.manifest import SPLITS, check_manifest, csv_line, parse_labels
 
 
 @dataclass
@@ -20,19 +26,17 @@ class DataReport:
 
     sections: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    source: str = ""
 
     def render(self) -> str:
         parts = [f"== {title}\n{body}" for title, body in self.sections.items()]
-        verdict = f"{len(self.errors)} error(s):\n  " + "\n  ".join(self.errors) if self.errors else "no errors"
+        where = f" in {self.source}" if self.source else ""
+        verdict = f"{len(self.errors)} error(s){where}:\n  " + "\n  ".join(self.errors) if self.errors else "no errors"
         return "\n\n".join(parts + [f"== verdict\n{verdict}"])
 
 
-def label_columns(table: pd.DataFrame, extra_columns) -> list[str]:
-    return [c for c in table.columns if c not in META_COLUMNS and c not in set(extra_columns)]
-
-
 def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: bool = False, workers: int = 4,
-                  size: int = 64) -> DataReport:  # fmt: skip
+                  size: int = 64, labels: Sequence[str] | None = None) -> DataReport:  # fmt: skip
     """Counts per class and split with head-to-tail groups, patients per split, overlaps, and unreadable files.
 
     Args:
@@ -42,18 +46,24 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         decode: fully decode every image (slow on full-size releases) instead of the header/end-marker check.
         workers: threads for the file checks.
         size: decode size when ``decode`` (small: only readability is checked).
+        labels: a task's label columns, when one is given (``+task=<name>``): they must then be present, as
+            training requires; without a task every known finding column counts as a label.
+
+    Raises:
+        ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).
     """
-    report = DataReport()
-    table = pd.read_csv(manifest_path, dtype=str, keep_default_na=False)
-    labels = label_columns(table, extra_columns)
-    try:
-        load_manifest(manifest_path, labels, KNOWN_FINDINGS, root=root, extra_columns=extra_columns, check_files=False)
-    except ManifestError as error:
-        report.errors += str(error).splitlines()[1:]
+    report = DataReport(source=str(manifest_path))
+    found = check_manifest(manifest_path, labels, KNOWN_FINDINGS, root=root, extra_columns=extra_columns,
+                           check_files=False)  # fmt: skip
+    report.errors += found.problems
+    table = found.table
+    if table is None or table.empty:
+        return report  # nothing to count: the problems say why
     splits = [s for s in SPLITS if (table["split"] == s).any()]
 
-    values = table[labels].apply(pd.to_numeric, errors="coerce")
-    counts = pd.DataFrame({s: (values[table["split"] == s] == 1).sum() for s in splits})
+    present = [c for c in found.labels if c in table.columns]  # a task label may be missing (reported above)
+    values = pd.DataFrame({c: parse_labels(table[c])[0] for c in present}, index=table.index)
+    counts = pd.DataFrame({s: (values[table["split"] == s] == 1).sum() for s in splits}, index=present)
     counts["total"] = counts.sum(axis=1)
     n_train = int((table["split"] == "train").sum())
     if n_train:
@@ -76,7 +86,7 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
             check(root / rel)
             return None
         except (OSError, ValueError) as error:
-            return f"line {csv_line(index)}, image {table.at[index, 'image_id']!r}: {error}"
+            return f"line {csv_line(index)}, column 'path', image {table.at[index, 'image_id']!r}: {error}"
 
     with ThreadPoolExecutor(workers) as pool:
         bad = [m for m in pool.map(probe, enumerate(table["path"])) if m]

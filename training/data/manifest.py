@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from training.errors import UserError
+
 META_COLUMNS = ("image_id", "path", "split", "patient_id", "source", "view")
 REQUIRED_COLUMNS = ("image_id", "path", "split", "patient_id")
 SPLITS = ("train", "val", "test")
 MAX_LISTED = 10  # problems listed per kind before summarising
+#: Label spellings (compared lower-cased, spaces stripped); an empty cell means "not labelled". Manifests and the
+#: generic table adapter share them, so a value means the same whichever way a table reaches training.
+POSITIVE, NEGATIVE = ("1", "1.0", "true", "yes"), ("0", "0.0", "false", "no")
+#: "1.23457E+11" or "1e5": what a spreadsheet makes of a long numeric id. Such an id is refused, never read as a
+#: number: the digits the spreadsheet dropped are gone, and two images could end up with one id.
+NOT_A_LABEL = "is not 0/1 or empty (yes/no and true/false are read as 1/0)"
+SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d+)?[eE][+-]?\d+$")
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A manifest that cannot be trained on; the message lists each problem with its file, row and column."""
 
 
@@ -71,6 +81,121 @@ def file_fingerprint(path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def read_manifest_table(csv_path: str | Path) -> pd.DataFrame:
+    """Every cell of a manifest as text, nothing converted (``000123`` stays ``000123``, ``1e5`` stays ``1e5``).
+
+    Raises:
+        ManifestError: the file is missing, empty or not a CSV, named with pandas' reason (which carries the line).
+    """
+    csv_path = Path(csv_path)
+    if not csv_path.is_file():
+        raise ManifestError(f"manifest not found: {csv_path}")
+    try:
+        return pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise ManifestError(f"{csv_path}: empty file, not even a header line; a manifest needs the columns "
+                            f"{list(REQUIRED_COLUMNS)} and one column per finding") from None  # fmt: skip
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{csv_path}: not a readable CSV file: {error}") from None
+
+
+def parse_labels(values: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """A label column as float (1, 0, NaN for an empty cell) and the index of every cell that is none of those.
+
+    The spellings are :data:`POSITIVE` and :data:`NEGATIVE`, case and surrounding spaces ignored, for manifests and
+    for the generic table adapter alike, so a ``yes`` means the same whichever way a table reaches training.
+    """
+    text = values.astype(str).str.strip().str.lower()
+    positive, negative = text.isin(POSITIVE), text.isin(NEGATIVE)
+    parsed = np.where(positive, 1.0, np.where(negative, 0.0, np.nan))
+    return parsed, text.index[~(positive | negative | (text == ""))]
+
+
+def mangled_ids(values: pd.Series) -> pd.Index:
+    """Index of the ids that look like a number a spreadsheet rewrote in scientific notation (``1.23457E+11``)."""
+    return values.index[values.str.strip().str.match(SCIENTIFIC)]
+
+
+def mangled_id_problem(where: str, value: str) -> str:
+    """The message for one mangled id, the same for manifests and adapters (``where`` names line and column)."""
+    return (f"{where}: {value!r} looks like a number a spreadsheet rewrote in scientific notation (digits may be "
+            "lost); ids are text: re-export the table with this column formatted as text")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ManifestCheck:
+    """What :func:`check_manifest` found: the table as read, its label columns, and every problem.
+
+    Attributes:
+        table: every cell as text (None when the required columns are missing and nothing else could be checked).
+        labels: the label columns found: the task's labels and every other known finding present.
+        problems: one line per problem, each naming its CSV line and column.
+    """
+
+    table: pd.DataFrame | None
+    labels: tuple[str, ...]
+    problems: list[str]
+
+
+def check_manifest(
+    csv_path: str | Path,
+    labels: Sequence[str] | None,
+    known_findings: Sequence[str],
+    root: str | Path | None = None,
+    extra_columns: Sequence[str] = (),
+    check_files: bool = True,
+    splits: Sequence[str] = SPLITS,
+) -> ManifestCheck:
+    """The one manifest validation, shared by training, ``make data-check``, ``make prepare`` and ``make score``.
+
+    One function for all of them, so a manifest that the data check passes is one that training accepts: they
+    differ only in what they are given (training knows its task's labels and needs all three splits; the data
+    check knows no task; scoring needs only the scored split).
+
+    Args:
+        csv_path: the manifest file.
+        labels: the task's label columns, each of which must be present; None (no task known): the columns that
+            are known findings.
+        known_findings: every finding name the platform knows; any other non-metadata column is reported as an
+            unknown label column (usually a typo or a spelling from another release), with the closest known name.
+        root: folder image paths are relative to; defaults to the manifest's folder.
+        extra_columns: additional non-label columns the dataset carries (age, sex, ...), declared so they are not
+            mistaken for labels.
+        check_files: verify every image file exists (cheap: one ``stat`` per row).
+        splits: the splits that must hold at least one image.
+
+    Raises:
+        ManifestError: only when the file cannot be read as a table at all; everything else is in ``problems``.
+    """
+    csv_path = Path(csv_path)
+    table = read_manifest_table(csv_path)
+    root = Path(root) if root is not None else csv_path.parent
+    missing_meta = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing_meta:
+        return ManifestCheck(None, (), [f"line 1: missing required column(s) {missing_meta}; a manifest needs "
+                                        f"{list(REQUIRED_COLUMNS)} (columns found: {list(table.columns)[:8]})"])  # fmt: skip
+    task = tuple(labels or ())
+    names = set(known_findings) | set(task)
+    others = tuple(c for c in table.columns if c in names and c not in (*META_COLUMNS, *extra_columns, *task))
+    ordered = task + others  # the task's labels first, in task order, then every other finding column
+    if table.empty:
+        return ManifestCheck(table, ordered, ["line 1: a header without rows; the manifest lists no image"])
+    problems = _column_problems(table, task, known_findings, extra_columns)
+    problems += _id_problems(table)
+    problems += _split_problems(table, splits)
+    for label in (c for c in ordered if c in table.columns):
+        _, bad = parse_labels(table[label])
+        problems += listed(f"bad values in {label!r}", [
+            f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} {NOT_A_LABEL}" for i in bad])  # fmt: skip
+    if check_files:
+        missing = [i for i, rel in enumerate(table["path"]) if not (root / rel).is_file()]
+        problems += listed(
+            "missing images",
+            [f"line {csv_line(i)}, column 'path': image file not found: {root / table.at[i, 'path']}" for i in missing],
+        )
+    return ManifestCheck(table, ordered, problems)
+
+
 def load_manifest(
     csv_path: str | Path,
     labels: Sequence[str],
@@ -78,32 +203,25 @@ def load_manifest(
     root: str | Path | None = None,
     extra_columns: Sequence[str] = (),
     check_files: bool = True,
+    splits: Sequence[str] = SPLITS,
+    refused: str = "nothing was trained",
 ) -> Manifest:
-    """Read a manifest CSV and validate it against the task's labels.
-
-    Args:
-        csv_path: the manifest file.
-        labels: the task's label columns; each must be present.
-        known_findings: every finding name the platform knows; any other non-metadata column is reported as an
-            unknown label column (usually a typo or a spelling from another release), with the closest known name.
-        root: folder image paths are relative to; defaults to the manifest's folder.
-        extra_columns: additional non-label columns the dataset carries (age, sex, ...), declared so they are not
-            mistaken for labels.
-        check_files: verify every image file exists (cheap: one ``stat`` per row).
+    """Read a manifest CSV and validate it against the task's labels (:func:`check_manifest`, which documents the
+    arguments), then convert the label columns to float. ``refused`` ends the error's first line: what did not
+    happen because of it.
 
     Raises:
         ManifestError: listing every problem found, each naming the file, CSV line and column.
     """
     csv_path = Path(csv_path)
-    if not csv_path.is_file():
-        raise ManifestError(f"manifest not found: {csv_path}")
+    found = check_manifest(csv_path, labels, known_findings, root, extra_columns, check_files, splits)
+    if found.problems:
+        raise ManifestError(f"{csv_path}: {len(found.problems)} problem(s), {refused}:\n  "
+                            + "\n  ".join(found.problems))  # fmt: skip
+    table = found.table
+    for column in found.labels:
+        table[column] = parse_labels(table[column])[0]
     root = Path(root) if root is not None else csv_path.parent
-    table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
-    problems = _validate(table, csv_path, root, labels, known_findings, extra_columns, check_files)
-    if problems:
-        raise ManifestError(f"{csv_path}: {len(problems)} problem(s), nothing was trained:\n  " + "\n  ".join(problems))
-    for column in labels:
-        table[column] = pd.to_numeric(table[column].replace("", np.nan)).astype(float)
     return Manifest(table, root, tuple(labels), file_fingerprint(csv_path), csv_path)
 
 
@@ -120,12 +238,8 @@ def listed(kind: str, items: list[str]) -> list[str]:
     return shown
 
 
-def _validate(table, csv_path, root, labels, known_findings, extra_columns, check_files) -> list[str]:
-    problems: list[str] = []
-    missing_meta = [c for c in REQUIRED_COLUMNS if c not in table.columns]
-    if missing_meta:
-        return [f"missing required column(s) {missing_meta}; a manifest needs {list(REQUIRED_COLUMNS)}"]
-
+def _column_problems(table, labels, known_findings, extra_columns) -> list[str]:
+    problems = []
     known = set(known_findings) | set(labels)
     for column in table.columns:
         if column in META_COLUMNS or column in extra_columns or column in known:
@@ -133,26 +247,37 @@ def _validate(table, csv_path, root, labels, known_findings, extra_columns, chec
         close = difflib.get_close_matches(column, sorted(known), n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         problems.append(
-            f"column {column!r}: unknown label column{hint}; declare non-label columns in data.extra_columns"
+            f"line 1, column {column!r}: unknown label column{hint}; declare non-label columns in data.extra_columns"
         )
     for label in labels:
         if label not in table.columns:
-            problems.append(f"column {label!r}: required by the task but absent from the manifest")
+            problems.append(f"line 1, column {label!r}: required by the task but absent from the manifest")
+    return problems
 
-    empty_ids = table.index[table["image_id"].str.strip() == ""].tolist()
-    problems += listed("empty ids", [f"line {csv_line(i)}, column 'image_id': empty" for i in empty_ids])
+
+def _id_problems(table) -> list[str]:
+    problems = []
+    for column in ("image_id", "patient_id"):
+        values = table[column]
+        empty = values.index[values.str.strip() == ""]
+        problems += listed(f"empty {column}s", [f"line {csv_line(i)}, column {column!r}: empty" for i in empty])
+        problems += listed(f"mangled {column}s", [mangled_id_problem(f"line {csv_line(i)}, column {column!r}",
+                                                                     values[i]) for i in mangled_ids(values)])  # fmt: skip
     duplicated = table[table["image_id"].duplicated(keep=False) & (table["image_id"] != "")]
-    dup_msgs = [
+    problems += listed("duplicated ids", [
         f"column 'image_id': {image_id!r} duplicated on lines {[csv_line(i) for i in rows.index]}"
-        for image_id, rows in duplicated.groupby("image_id", sort=False)
-    ]
-    problems += listed("duplicated ids", dup_msgs)
+        for image_id, rows in duplicated.groupby("image_id", sort=False)])  # fmt: skip
+    return problems
 
+
+def _split_problems(table, splits) -> list[str]:
     bad_split = table.index[~table["split"].isin(SPLITS)].tolist()
-    problems += listed(
+    problems = listed(
         "bad splits",
         [f"line {csv_line(i)}, column 'split': {table.at[i, 'split']!r} is not one of {SPLITS}" for i in bad_split],
     )
+    problems += [f"column 'split': no {name!r} rows; this command needs images in {list(splits)}"
+                 for name in splits if not (table["split"] == name).any()]  # fmt: skip
     shared = table.groupby("patient_id")["split"].nunique()
     leaking = shared[shared > 1].index.tolist()
     problems += listed(
@@ -162,18 +287,4 @@ def _validate(table, csv_path, root, labels, known_findings, extra_columns, chec
             for p in leaking
         ],
     )
-
-    for label in (c for c in labels if c in table.columns):
-        bad = table.index[~table[label].isin(("0", "1", "0.0", "1.0", ""))].tolist()
-        problems += listed(
-            f"bad values in {label!r}",
-            [f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} is not 0, 1 or empty" for i in bad],
-        )
-
-    if check_files:
-        missing = [i for i, rel in enumerate(table["path"]) if not (root / rel).is_file()]
-        problems += listed(
-            "missing images",
-            [f"line {csv_line(i)}, column 'path': image file not found: {root / table.at[i, 'path']}" for i in missing],
-        )
     return problems

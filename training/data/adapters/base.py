@@ -8,18 +8,18 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from training.data.manifest import META_COLUMNS
 from training.data.splits import stratified_patient_split
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
 UNASSIGNED = ""  # split value of rows the adapter leaves to the stratified splitter
 
 
-class AdapterError(ValueError):
+class AdapterError(UserError, ValueError):
     """A native dataset that cannot be turned into a manifest; the message names the file, row and field."""
 
 
@@ -129,11 +129,3 @@ class AdapterSource:
     def key(self) -> dict:
         """Arguments that change the manifest (split fractions and seed; subclasses add theirs)."""
         return {"val": self.val_fraction, "test": self.test_fraction, "seed": self.seed}
-
-
-def label_value(value) -> float:
-    """0/1 label from a cell that may hold 0/1, 0.0/1.0, True/False or empty (NaN = not labelled)."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return np.nan
-    text = str(value).strip().lower()
-    return {"1": 1.0, "1.0": 1.0, "true": 1.0, "0": 0.0, "0.0": 0.0, "false": 0.0, "": np.nan}.get(text, -1.0)

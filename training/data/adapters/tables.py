@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -12,11 +11,7 @@ import pandas as pd
 
 from training.data.adapters.base import AdapterError
 from training.data.label_names import canonical_name
-from training.data.manifest import csv_line, listed
-
-# "1.23457E+11": what a spreadsheet makes of a long numeric id; the digits it dropped are gone for good.
-SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d+)?[eE][+-]?\d+$")
-POSITIVE, NEGATIVE = {"1", "1.0", "true", "yes"}, {"0", "0.0", "false", "no"}
+from training.data.manifest import NOT_A_LABEL, csv_line, listed, mangled_id_problem, mangled_ids, parse_labels
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -24,7 +19,12 @@ def read_table(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise AdapterError(f"label table not found: {path}")
     separator = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
-    table = pd.read_csv(path, dtype=str, keep_default_na=False, sep=separator)
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, sep=separator)
+    except pd.errors.EmptyDataError:
+        raise AdapterError(f"{path}: empty file, not even a header line") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise AdapterError(f"{path}: not a readable table: {error}") from None
     table.columns = [str(c).strip() for c in table.columns]
     return table
 
@@ -40,13 +40,8 @@ def id_problems(table: pd.DataFrame, column: str, path: Path, unique: bool = Tru
     values = table[column].str.strip()
     problems = listed(f"empty {column}", [f"{path}, line {csv_line(i)}, column {column!r}: empty"
                                           for i in values.index[values == ""]])  # fmt: skip
-    mangled = values.index[values.str.match(SCIENTIFIC)]
-    problems += listed(
-        f"mangled {column}",
-        [f"{path}, line {csv_line(i)}, column {column!r}: {values[i]!r} looks like a number a spreadsheet rewrote in "
-         "scientific notation (digits are lost); re-export the table with this column formatted as text"
-         for i in mangled],
-    )  # fmt: skip
+    problems += listed(f"mangled {column}", [mangled_id_problem(f"{path}, line {csv_line(i)}, column {column!r}",
+                                                                values[i]) for i in mangled_ids(values)])  # fmt: skip
     if unique:
         dup = values[values.duplicated(keep=False) & (values != "")]
         problems += listed(
@@ -94,13 +89,13 @@ def match_label_columns(
 
 
 def label_values(table: pd.DataFrame, column: str, path: Path) -> tuple[np.ndarray, list[str]]:
-    """A label column as float (1, 0, NaN for empty), with every other value reported by line."""
-    text = table[column].str.strip().str.lower()
-    values = np.where(text.isin(POSITIVE), 1.0, np.where(text.isin(NEGATIVE), 0.0, np.nan))
-    bad = text.index[~(text.isin(POSITIVE) | text.isin(NEGATIVE) | (text == ""))]
-    problems = [
-        f"{path}, line {csv_line(i)}, column {column!r}: {table.at[i, column]!r} is not 0/1 or empty" for i in bad
-    ]
+    """A label column as float (1, 0, NaN for empty), with every other value reported by line.
+
+    The spellings are the manifest's own (:func:`training.data.manifest.parse_labels`): a value this adapter
+    accepts is one a hand-written manifest may hold too.
+    """
+    values, bad = parse_labels(table[column])
+    problems = [f"{path}, line {csv_line(i)}, column {column!r}: {table.at[i, column]!r} {NOT_A_LABEL}" for i in bad]
     return values, listed(f"bad values in {column!r}", problems)
 
 
