@@ -59,7 +59,7 @@ tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=tas
 		$(if $(STORAGE),'tune.storage="$(STORAGE)"') $(if $(STUDY),'tune.study="$(STUDY)"') $(ARGS)
 
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
-	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN))
+	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN)) $(ARGS)
 
 serve: setup ## Serve the champion over REST on 127.0.0.1:5000: make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
 	MLFLOW_TRACKING_URI="$$($(TRACKING_URI))" PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from evaluation.metric_registry import SUITE
 from evaluation.serving import Scorer, example_request, save_artifacts, signature
-from training.errors import user_errors
+from training.errors import UserError, user_errors
 from training.runs import ModelNotFound, UnsafeConfig
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # models-from-code: the registry stores code, no pickle
 ALIAS = "champion"
-TASK_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "task"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+TASK_CONFIGS = CONFIGS / "task"
+#: Metric sets of the default evaluation that a tuning trial skips; a champion without them is evaluated first.
+FULL_EVALUATION_KEYS = ("test_tta/mAP", "test_perturbed/mAP")
 FALLBACK_METRIC = "val/mAP"  # for an experiment that is not a task of configs/task/
 #: Challenge tie-breaks after the chosen metric: (metric key, larger is better), the metric registry's chain on test.
 TIE_BREAKS: tuple[tuple[str, bool], ...] = tuple(
@@ -53,6 +56,10 @@ STUDY_KIND = ("cxrlt.kind", "tuning-study")
 #: Pinned requirements written into the model (``--env-manager local`` serves in the project's own env).
 REQUIREMENTS = ("torch", "torchvision", "timm", "lightning", "albumentations", "opencv-python-headless", "mlflow",
                 "pandas", "numpy", "omegaconf", "hydra-core", "cxrlt-lab")  # fmt: skip
+
+
+class NoCandidate(UserError, ValueError):
+    """Nothing to register: no such experiment, or no finished run of it logged the ranking metric."""
 
 
 def model_name(task: str) -> str:
@@ -103,7 +110,7 @@ def candidates(client: MlflowClient, experiment: str, metric: str) -> list[Candi
     """Finished runs of the experiment that logged ``metric`` (or its ``_best``), study parents excluded."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        raise ValueError(f"no MLflow experiment {experiment!r}; train first (make train TASK={experiment})")
+        raise NoCandidate(f"no MLflow experiment {experiment!r}; train first (make train TASK={experiment})")
     runs = client.search_runs([found.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=50000)
     return [
         Candidate(run.info.run_id, run.info.start_time, dict(run.data.metrics))
@@ -113,7 +120,26 @@ def candidates(client: MlflowClient, experiment: str, metric: str) -> list[Candi
     ]
 
 
-def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIAS, reason: dict | None = None):
+def ensure_full_evaluation(client: MlflowClient, run_id: str) -> bool:
+    """Give ``run_id`` the full evaluation (TTA, perturbed copy, plots, 1,000 resamples) if it lacks it.
+
+    A tuning trial is tested with the plain metric set only (configs/tune.yaml), but a champion is what people
+    open, compare and submit, so it should carry every result an ordinary run has. Returns whether it ran.
+    """
+    missing = [key for key in FULL_EVALUATION_KEYS if key not in client.get_run(run_id).data.metrics]
+    if not missing:
+        return False
+    log.info("run %s has no %s (a tuning trial is tested with the plain metric set only): running the full "
+             "evaluation into it first, as `make evaluate RUN=%s` would", run_id, ", ".join(missing), run_id)  # fmt: skip
+    from evaluation.cli import evaluate_run  # the whole training stack; only needed here
+
+    evaluate_run(run_id, OmegaConf.load(CONFIGS / "evaluation" / "default.yaml"),
+                 OmegaConf.load(CONFIGS / "tta" / "default.yaml"), client)  # fmt: skip
+    return True
+
+
+def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIAS, reason: dict | None = None,
+                 full_evaluation: bool = True):  # fmt: skip
     """Register ``run_id`` as a new version of ``name`` (or reuse its version) and move ``alias`` to it.
 
     The pyfunc is logged into the source run (artifact ``model``), so the version's source is that run.
@@ -124,6 +150,8 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
         version = max(existing, key=lambda v: int(v.version))
         log.info("run %s is already %s version %s; moving %r to it", run_id, name, version.version, alias)
     else:
+        if full_evaluation:
+            ensure_full_evaluation(client, run_id)
         scorer = Scorer.load(run_id, client)
         with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
@@ -163,16 +191,16 @@ def _requirements() -> list[str]:
 
 
 def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", experiment: str | None = None,
-                  run_id: str | None = None, alias: str = ALIAS):  # fmt: skip
+                  run_id: str | None = None, alias: str = ALIAS, full_evaluation: bool = True):  # fmt: skip
     """Rank the task's runs, register the best (or ``run_id``) and make it the ``alias`` holder."""
     ranked = rank(candidates(client, experiment or task, metric), metric)
     if run_id is None:
         if not ranked:
-            raise ValueError(f"no finished run in experiment {experiment or task!r} logged {metric!r}")
+            raise NoCandidate(f"no finished run in experiment {experiment or task!r} logged {metric!r}")
         run_id = ranked[0].run_id
     best = next((c for c in ranked if c.run_id == run_id), None)
     reason = {"rank_metric": metric, "rank_value": best.value(metric) if best else "n/a", "candidates": len(ranked)}
-    return register_run(client, run_id, model_name(task), alias, reason)
+    return register_run(client, run_id, model_name(task), alias, reason, full_evaluation)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -182,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the task name)")
     parser.add_argument("--run", default=None, help="register this run id instead of the best one")
     parser.add_argument("--alias", default=ALIAS)
+    parser.add_argument(
+        "--no-full-evaluation",
+        action="store_true",
+        help="register a tuning trial as it is, without first giving it the full evaluation",
+    )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -190,8 +223,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     mlflow.set_tracking_uri(uri)  # log_model below uses MLflow's fluent API
     metric = args.metric or selection_metric(args.task)
     # An unknown or unsafe run is the user's to fix from the message; anything else is a bug, with its traceback.
-    with user_errors(UnsafeConfig, ModelNotFound, debug=args.debug):
-        version = register_best(tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias)
+    with user_errors(UnsafeConfig, ModelNotFound, NoCandidate, debug=args.debug):
+        version = register_best(
+            tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias, not args.no_full_evaluation
+        )
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
              args.alias, version.name, args.alias)  # fmt: skip
 

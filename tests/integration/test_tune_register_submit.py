@@ -139,6 +139,12 @@ def test_register_picks_the_best_complete_trial(study, champion):
     assert champion.tags["cxrlt.rank_metric"] == "val/mAP"
     source = client.get_run(champion.run_id)
     assert source.info.status == "FINISHED"  # logging the model into the run left it finished
+    # The trial was tested with the plain metric set only; registering gave it the full evaluation first.
+    assert {"test_tta/mAP", "test_perturbed/mAP"} <= set(source.data.metrics)
+    assert "evaluation/report.html" in [a.path for a in client.list_artifacts(champion.run_id, "evaluation")]
+    other = next(r for r in study["second"]["children"].values()
+                 if r.info.status == "FINISHED" and r.info.run_id != champion.run_id)  # fmt: skip
+    assert "test_tta/mAP" not in client.get_run(other.info.run_id).data.metrics  # only the champion
     # Registering again keeps one version per run: the alias stays, no duplicate.
     _run([sys.executable, "-m", "evaluation.registry", "--task", "task1"], study["env"])
     assert len(client.search_model_versions("name = 'cxrlt-task1'")) == 1
