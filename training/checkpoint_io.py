@@ -7,17 +7,20 @@ file in the same folder, flushing it to disk and renaming it over the old one ma
 reader sees either the previous checkpoint or the new one.
 
 Loading is restricted to tensors and plain containers (``torch.load(weights_only=True)``) whatever the caller asks:
-a checkpoint folder on shared storage is writable by more people than the code is, and unpickling runs code.
+a checkpoint folder on shared storage is writable by more people than the code is, and unpickling runs code. State
+that is not already in that form (the global random generators' states) is converted by :func:`global_rng_state`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -96,3 +99,37 @@ def _fsync_folder(folder: Path) -> None:
         log.debug("fsync of folder %s not supported", folder)
     finally:
         os.close(descriptor)
+
+
+def global_rng_state() -> dict[str, Any]:
+    """The global random states of torch (CPU and CUDA), numpy and Python, as tensors and plain values.
+
+    Lightning does not checkpoint them, and their native forms (a numpy array in numpy's tuple, Python's tuple of
+    625 ints) are not all loadable with ``weights_only=True``; the number arrays become int64 tensors here.
+    """
+    kind, key, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    numpy = {"kind": str(kind), "key": torch.from_numpy(key.astype(np.int64)), "position": int(position)}
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {**numpy, "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss_next},
+    }
+
+
+def restore_global_rng_state(state: dict[str, Any]) -> None:
+    """Set the global random states saved by :func:`global_rng_state`.
+
+    CUDA states are restored only onto as many devices as were saved; a run resumed on other hardware cannot
+    repeat its GPU draws anyway.
+    """
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+    numpy = state["numpy"]
+    key = numpy["key"].cpu().numpy().astype(np.uint32)
+    np.random.set_state((numpy["kind"], key, numpy["position"], numpy["has_gauss"], numpy["gauss"]))
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss"]))

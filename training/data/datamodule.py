@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import lightning.pytorch as L
 import numpy as np
+import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, get_worker_info
 
@@ -20,6 +21,29 @@ from training.samplers.base import SamplingStrategy
 from training.samplers.distributed import EvalShardSampler, TrainShardSampler
 
 log = logging.getLogger(__name__)
+
+# Last key of the seed of the training loader's own generator (shuffle order, loader-worker seeds), so that it is
+# unrelated to the augmentation seed of the same ``(seed, rank, epoch)``.
+LOADER_STREAM = 1
+
+
+class TrainLoader(DataLoader):
+    """A ``DataLoader`` that calls ``begin_pass(self)`` at the start of every pass, before its iterator exists.
+
+    Before the iterator, because creating it already draws: the workers' base seed (from ``generator``), and the
+    first batch, which Lightning prefetches at once. Lightning's own ``set_epoch`` is no substitute: in the first
+    epoch of a fit it reaches the sampler only after that first iterator was made (the trainer builds the loader
+    while configuring the optimisers, before it restores the loops from a checkpoint), so a resumed fit would draw
+    its first epoch as epoch 0.
+    """
+
+    def __init__(self, *args, begin_pass: Callable[[DataLoader], None], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.begin_pass = begin_pass
+
+    def __iter__(self):
+        self.begin_pass(self)
+        return super().__iter__()
 
 
 class CXRDataModule(L.LightningDataModule):
@@ -78,6 +102,19 @@ class CXRDataModule(L.LightningDataModule):
         self.store: np.ndarray | None = None
         self.manifest: Manifest | None = None
         self.datasets: dict[str, ManifestDataset] = {}
+        self.train_epoch = 0  # the epoch of the next training pass; the one piece of state a resume needs
+
+    def state_dict(self) -> dict[str, int]:
+        """What a resumed fit needs to draw and augment its next epoch as an uninterrupted one would.
+
+        Only the epoch number: every random choice of a training pass is a pure function of ``(seed, rank, epoch,
+        loader worker)`` (see :meth:`_begin_train_pass`), so no generator state has to be saved. Saving streams
+        instead would not work with loader workers, whose generators live in other processes.
+        """
+        return {"train_epoch": self.train_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.train_epoch = int(state_dict["train_epoch"])
 
     def prepare_data(self) -> None:
         """Build the manifest (and its images) once, on the main process."""
@@ -165,8 +202,14 @@ class CXRDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """The strategy's sampler; under DDP each rank gets a disjoint, equal share of the same epoch draw.
 
-        Augmentation is seeded too: per rank in the training process, per worker in loader workers (see
-        :func:`seed_augmentation_worker`), so a seeded run augments the same way twice.
+        Each pass is one epoch, and everything random in it (the draw or shuffle order, the augmentation in this
+        process, the loader workers' seeds) is derived from ``(seed, rank, epoch)`` when the pass begins, so a
+        seeded run augments the same way twice and a resumed run the way an uninterrupted one does.
+
+        The workers are started anew for every pass (not ``persistent_workers``): a persistent worker would carry
+        one augmentation stream across epochs, in a process a checkpoint cannot reach, so a resumed run could not
+        continue it. Forking a worker per epoch costs a fraction of a second; the images are shared with it, not
+        copied (preloaded or memory-mapped).
         """
         dataset = self.datasets["train"]
         sampler = self.sampler.build(dataset.targets.numpy(), self.seed) if self.sampler else None
@@ -174,9 +217,25 @@ class CXRDataModule(L.LightningDataModule):
         if world > 1:
             length = len(sampler) if sampler is not None else len(dataset)
             sampler = TrainShardSampler(sampler, length, world, rank, seed=self.seed)
-        dataset.transform.set_random_seed(stream_seed(self.seed, rank))
-        return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True,
-                            worker_init_fn=partial(seed_augmentation_worker, rank=rank))  # fmt: skip
+        return self._loader(dataset, shuffle=sampler is None, sampler=sampler, drop_last=True, persistent=False,
+                            worker_init_fn=partial(seed_augmentation_worker, rank=rank),
+                            loader=partial(TrainLoader, begin_pass=partial(self._begin_train_pass, rank=rank)))  # fmt: skip
+
+    def _begin_train_pass(self, loader: DataLoader, rank: int) -> None:
+        """Derive the pass's randomness from ``(seed, rank, epoch)`` and count the epoch.
+
+        The sampler gets the epoch (class-aware and repeat-factor draws, DDP shares); the loader's own generator
+        the shuffle order of plain random sampling and the workers' base seed, which
+        :func:`seed_augmentation_worker` turns into each worker's augmentation seed; the pipeline in this process
+        (``num_workers=0``) its augmentation seed. Nothing is drawn from the global generators, which the model
+        uses (dropout) and whose state the module checkpoints.
+        """
+        epoch = self.train_epoch
+        self.train_epoch += 1
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        loader.generator.manual_seed(stream_seed(self.seed, rank, epoch, LOADER_STREAM))
+        loader.dataset.transform.set_random_seed(stream_seed(self.seed, rank, epoch))
 
     def val_dataloader(self) -> DataLoader:
         return self._trainer_eval_loader("val")
@@ -197,25 +256,31 @@ class CXRDataModule(L.LightningDataModule):
         """Un-augmented, un-shuffled loader over a split, in manifest order."""
         return self._loader(self.datasets[split])
 
-    def _loader(self, dataset, shuffle=False, sampler=None, drop_last=False, worker_init_fn=None) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset, shuffle=False, sampler=None, drop_last=False, worker_init_fn=None, persistent=True,
+                loader=DataLoader) -> DataLoader:  # fmt: skip
+        """A loader with its own generator: each new iterator draws a seed from it. From the global generator, that
+        draw would tie the model's random stream (dropout) to how many loaders were started, which differs between
+        a resumed run and an uninterrupted one."""
+        return loader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
             sampler=sampler,
             drop_last=drop_last and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=persistent and self.num_workers > 0,
             worker_init_fn=worker_init_fn,
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
 
 def seed_augmentation_worker(worker_id: int, rank: int) -> None:
     """Loader-worker start: Lightning's per-worker seeding, plus the augmentation pipeline's own random state.
 
-    Every worker receives a pickled copy of the same albumentations pipeline, random state included, so without
-    this all workers would draw the same augmentations in lockstep. PyTorch gives each worker a distinct seed,
-    drawn from the seeded global generator, which makes the per-worker streams both different and reproducible.
+    Every worker receives a copy of the same albumentations pipeline, random state included, so without this all
+    workers would draw the same augmentations in lockstep. PyTorch gives worker ``w`` the seed ``base + w``, with
+    ``base`` drawn from the training loader's generator, which :meth:`CXRDataModule._begin_train_pass` seeds from
+    ``(seed, rank, epoch)``: the worker streams differ from each other and are a function of the epoch.
     """
     pl_worker_init_function(worker_id, rank)
     info = get_worker_info()

@@ -8,6 +8,7 @@ from functools import partial
 import lightning.pytorch as L
 import numpy as np
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import (
@@ -20,6 +21,7 @@ from torchmetrics.wrappers.abstract import WrapperMetric
 
 from evaluation.groups import class_groups, group_means
 from evaluation.metric_registry import SUITE
+from training.checkpoint_io import global_rng_state, restore_global_rng_state
 from training.components import build_component
 from training.models.backbone import create_backbone
 from training.models.schedule import warmup_cosine
@@ -54,6 +56,9 @@ class OneLabel(WrapperMetric):
         self.metric.reset()
         super().reset()
 
+
+# Checkpoint key of the global random states (see MultiLabelClassifier.on_save_checkpoint).
+GLOBAL_RNG_KEY = "global_rng_states"
 
 # The suite metrics tracked every validation epoch: their registry entries give the per-class keys and the logged
 # names (val/mAP, val/mAUROC). torchmetrics computes them here because its states sync across DDP ranks.
@@ -163,6 +168,26 @@ class MultiLabelClassifier(L.LightningModule):
         self.log_dict(metrics, logger=False)
         if self.logger is not None:
             self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self.global_step)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Store the global random states: the network's stochastic layers (dropout, drop path) draw from them.
+
+        Lightning does not save them. The checkpoint is written at the end of an epoch, after its validation, and
+        the data loaders do not draw from these generators (see :class:`training.data.datamodule.CXRDataModule`),
+        so the saved state is exactly the one the next epoch starts from. Under DDP every rank was seeded alike and
+        draws alike, so rank 0's state serves all ranks.
+        """
+        checkpoint[GLOBAL_RNG_KEY] = global_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Restore the global random states, but only for a Trainer resuming a fit.
+
+        Loading weights elsewhere (``load_from_checkpoint``, validation or test with a checkpoint) must not reset
+        the caller's random generators as a side effect.
+        """
+        trainer = getattr(self, "_trainer", None)
+        if GLOBAL_RNG_KEY in checkpoint and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            restore_global_rng_state(checkpoint[GLOBAL_RNG_KEY])
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         probs = torch.sigmoid(self(batch["image"]))
