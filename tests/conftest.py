@@ -1,8 +1,11 @@
-"""Shared fixtures: tiny manifests with real PNG files, and paths to the shared real data."""
+"""Shared fixtures: tiny manifests with real PNG files, paths to the shared real data, and test servers' lifecycle."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from training.data.findings import CXRLT_FINDINGS, TASK1_LABELS
@@ -90,13 +94,99 @@ def free_port() -> int:
 
 def wait_for_http(url: str, server: subprocess.Popen, timeout: float, what: str) -> None:
     """Poll ``url`` until it answers; fail the test (with the server's stderr, if piped) if it dies or times out."""
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2)
+            urllib.request.urlopen(url, timeout=5)
             return
-        except OSError:
-            if time.time() > deadline or server.poll() is not None:
-                stderr = server.stderr.read().decode()[-3000:] if server.stderr else ""
-                pytest.fail(f"{what} did not come up: {stderr}")
+        except (OSError, http.client.HTTPException):  # refused, reset, half-started server, timeout
+            if time.monotonic() > deadline or server.poll() is not None:
+                pytest.fail(f"{what} did not come up within {timeout:.0f}s: {_pending_output(server.stderr)}")
             time.sleep(0.5)
+
+
+def _pending_output(stream) -> str:
+    """What a piped stream holds now, without blocking: a live server (or a child of a dead one that inherited
+    the pipe) would keep a plain ``read()`` waiting for an end of file forever."""
+    if stream is None:
+        return ""
+    os.set_blocking(stream.fileno(), False)
+    try:
+        return (stream.read() or b"").decode(errors="replace")[-3000:]
+    except OSError:
+        return ""
+
+
+def stop_process_group(process: subprocess.Popen, grace: float = 20.0, kill_wait: float = 30.0) -> None:
+    """Stop ``process`` (started with ``start_new_session=True``), its process group and any other descendant.
+
+    A SIGTERM to the leader alone is not enough: ``mlflow ui``/``server`` forwards it to uvicorn and waits for a
+    graceful shutdown, and MLflow 3 also runs job-consumer processes; on a loaded machine that takes longer than a
+    test can wait, and a worker left behind keeps its port and CPU. So every process of the group gets SIGTERM,
+    and whatever is left after ``grace`` seconds gets SIGKILL. A process that has exited but is not yet reaped
+    (a zombie) counts as stopped. Calling it again, or on a process that already ended, is harmless.
+
+    Raises:
+        RuntimeError: something survived SIGKILL for ``kill_wait`` seconds (named, so the leak can be found).
+    """
+    pgid = process.pid  # the leader of a new session leads its process group: the group id is its pid
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(process.pid) != pgid:
+            raise ValueError(f"process {process.pid} is not a group leader: start it with start_new_session=True")
+    try:
+        leader = psutil.Process(process.pid)
+        descendants = leader.children(recursive=True)  # including any that started sessions of their own
+    except psutil.NoSuchProcess:
+        descendants = []
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        _signal_all(pgid, descendants, sig)
+        survivors = _await_stopped(process, pgid, descendants, wait)
+        if not survivors:
+            return
+    raise RuntimeError(f"still running after SIGKILL: {survivors}")
+
+
+def _signal_all(pgid: int, descendants: list[psutil.Process], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already empty
+        os.killpg(pgid, sig)
+    for child in descendants:  # also those outside the group; psutil checks it is still the same process
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            child.send_signal(sig)
+
+
+def _await_stopped(process: subprocess.Popen, pgid: int, descendants: list[psutil.Process], timeout: float) -> list:
+    """Poll until the leader is reaped and nothing of the group or the descendants runs; returns what still runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        survivors = {p.pid: p for p in [*_group_members(pgid), *descendants] if _running(p)}
+        leader_done = process.poll() is not None  # reaps the leader, our own child
+        if leader_done and not survivors:
+            return []
+        if time.monotonic() > deadline:
+            return [f"{pid} {_name(p)}" for pid, p in survivors.items()] or [f"{process.pid} (leader)"]
+        time.sleep(0.2)
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for candidate in psutil.process_iter():
+        try:
+            if os.getpgid(candidate.pid) == pgid:
+                members.append(candidate)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return members
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:200]
+    except psutil.Error:
+        return "?"

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from training.tracking.session import check_reachable, tracking_uri
 from training.tracking.uri import tracking_client
 from training.tuning.objective import Objective
-from training.tuning.report import log_best, state_counts, write_report
+from training.tuning.report import StudyState, log_best, write_report
 from training.tuning.space import SearchSpace
 from training.tuning.study import TrialBudget, await_parent, build_storage, open_study, parent_run, remaining
 
@@ -55,9 +55,13 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     finally:
         write_report(study, client, parent, metric)
         client.set_terminated(parent, status)
-    log.info("study %s: %s; parent run %s", study.study_name, state_counts(study), parent)
-    if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
-        log.info("best %s %.4f (trial %d): %s", metric, study.best_value, study.best_trial.number, study.best_params)
+    # One fresh read of the storage for both lines: other workers may still be finishing trials, and a best
+    # pieced together from several reads could name one trial with another's value.
+    state = StudyState.read(study)
+    log.info("study %s: %s; parent run %s", study.study_name, state.counts(), parent)
+    best = state.describe_best(metric)
+    if best is not None:
+        log.info("%s", best)
     return study
 
 

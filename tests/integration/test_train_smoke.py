@@ -15,7 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.conftest import free_port, train_command, wait_for_http
+from tests.conftest import free_port, stop_process_group, train_command, wait_for_http
 from training.data.findings import TASK1_LABELS
 from training.data.manifest import file_fingerprint
 
@@ -104,30 +104,30 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
 def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
     tmp, _, _ = smoke_runs
     port = free_port()
+    # Its own session, so the whole group (uvicorn, MLflow 3's job consumers) is stopped, however loaded the machine.
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
          "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for_http(f"{base}/health", server, 60, "mlflow ui")
+        wait_for_http(f"{base}/health", server, 120, "mlflow ui")
         url = f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=task1"
-        experiment = json.load(urllib.request.urlopen(url))["experiment"]
+        experiment = json.load(urllib.request.urlopen(url, timeout=60))["experiment"]
         body = json.dumps({"experiment_ids": [experiment["experiment_id"]], "max_results": 10}).encode()
         request = urllib.request.Request(
             f"{base}/api/2.0/mlflow/runs/search", body, {"Content-Type": "application/json"}
         )
-        runs = json.load(urllib.request.urlopen(request))["runs"]
+        runs = json.load(urllib.request.urlopen(request, timeout=60))["runs"]
         models = {next(p["value"] for p in r["data"]["params"] if p["key"] == "model.name"): r for r in runs}
         assert set(models) == set(MODELS)
         for run in models.values():
             metric_keys = {m["key"] for m in run["data"]["metrics"]}
             assert {"test/mAP", "val/mAP"} <= metric_keys
-        assert urllib.request.urlopen(f"{base}/").status == 200  # the UI page itself is served
+        assert urllib.request.urlopen(f"{base}/", timeout=60).status == 200  # the UI page itself is served
     finally:
-        server.terminate()
-        server.wait(timeout=20)
+        stop_process_group(server)
 
 
 def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):

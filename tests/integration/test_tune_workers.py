@@ -1,8 +1,11 @@
-"""Two `make tune` workers started at once on one SQLite storage share one study: no lost or duplicated trials."""
+"""Two `make tune` workers started at once on one SQLite storage share one study: no lost or duplicated trials, and
+one parent run whose summary matches the study once both have stopped."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -49,3 +52,24 @@ def test_two_workers_share_one_study(tmp_path):
     assert {t.user_attrs["mlflow_run_id"] for t in trials} == {r.info.run_id for r in children}
     assert {r.data.tags["optuna.worker"] for r in children} == {"0", "1"}  # both workers ran trials
     assert len({str(sorted(t.params.items())) for t in trials}) == TRIALS  # and drew different points
+
+    # The parent run's summary is the finished study's, however the two workers' reports interleaved.
+    parent = client.get_run(parents[0].info.run_id)
+    best = study.best_trial
+    tags = {k: v for k, v in parent.data.tags.items() if k.startswith("best.")}
+    expected = {f"best.{k}": str(v) for k, v in best.params.items()}
+    assert tags == {**expected, "best.mlflow_run_id": best.user_attrs["mlflow_run_id"]}  # no earlier best's tags
+    metrics = parent.data.metrics
+    assert metrics["study/n_running"] == 0 and metrics["study/n_complete"] == TRIALS
+    assert metrics["best/val/mAP"] == best.value and metrics["best/trial"] == best.number
+    finished = sorted(trials, key=lambda t: (t.datetime_complete, t.number))
+    running_best = [max(t.value for t in finished[: k + 1]) for k in range(TRIALS)]
+    history = sorted((m.step, m.value) for m in client.get_metric_history(parent.info.run_id, "best/val/mAP"))
+    assert history == list(enumerate(running_best, start=1))  # every step once, none missing
+
+    # What each worker printed last is one trial as the storage held it; the worker that stopped last saw it all.
+    printed = [re.search(r"^best val/mAP ([\d.]+) \(trial (\d+)\)(.*?): (\{.*\})$", out, re.M) for out in outputs]
+    for found in printed:
+        trial = study.trials[int(found[2])]
+        assert (round(trial.value, 4), trial.params) == (float(found[1]), ast.literal_eval(found[4])), found[0]
+    assert any(int(found[2]) == best.number and not found[3] for found in printed), [f[0] for f in printed]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -19,6 +20,7 @@ from training.tracking.session import (
     config_yaml,
     flatten,
     redact,
+    redact_tags,
     redact_text,
 )
 
@@ -53,6 +55,95 @@ def test_flatten_and_config_yaml_never_carry_a_secret(monkeypatch):
     assert params["model.lr"] == "0.1"
     text = config_yaml(cfg) + json.dumps(params)
     assert "s3cr3t-from-env" not in text and "inline-pw" not in text
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["aws_secret_access_key", "authorization", "pw", "pwd", "db_pass", "client_secret", "secrets", "apiKey",
+     "accessToken", "hf_token", "refresh-token", "MY_PASSPHRASE", "gcp_credentials", "session", "session_id",
+     "sessionCookie", "cookie", "private_key", "ssh.private.key", "signing_key", "Proxy-Authorization", "auth"],
+)  # fmt: skip
+def test_a_secret_word_anywhere_in_the_key_blanks_its_value(key):
+    for value in ("hunter2-plain", 123456, 3.5):  # a numeric PIN or password is as secret as a string
+        assert redact({"foo": {key: value}}) == {"foo": {key: REDACTED}}, (key, value)
+
+
+def test_everything_under_a_secret_named_node_is_blanked():
+    tree = {"credentials": {"user": "alice", "value": "abc-123"}, "secrets": ["s-1", "s-2"], "tokens": {"hub": "t"}}
+    assert redact(tree) == {"credentials": {"user": REDACTED, "value": REDACTED}, "secrets": [REDACTED, REDACTED],
+                            "tokens": {"hub": REDACTED}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("tokenizer", "bert-base"), ("max_tokens", 77), ("num_reg_tokens", 4), ("reg_tokens", 4), ("keypoints", 17),
+     ("session_timeout", 30), ("token_ttl", 3600), ("cache_key", "abc"), ("sort_key", "name"), ("monkey", "x"),
+     ("class_token", True), ("use_auth", False), ("password", None), ("api_key", ""), ("passes", 2),
+     ("bypass", "yes"), ("author", "me"), ("sessionless", "x")],
+)  # fmt: skip
+def test_ordinary_keys_and_values_that_cannot_be_secrets_stay_readable(key, value):
+    # A count or a duration under a secret word describes secrets, it is none; a boolean or nothing hides nothing.
+    assert redact({key: value}) == {key: value}
+
+
+def test_numbers_under_a_secret_key_are_counts_only_with_a_quantity_word():
+    assert redact({"token": 77, "session_timeout": "30 min", "max_tokens": "abc"}) == {
+        "token": REDACTED, "session_timeout": REDACTED, "max_tokens": REDACTED}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig-_x", "Bearer ***"),
+        ("bearer abc123", "bearer ***"),
+        ("Basic dXNlcjpwYXNzd29yZA==", "Basic ***"),  # base64 of user:password
+        ("curl -H 'Authorization: Bearer abc123def' https://h", "curl -H 'Authorization: ***' https://h"),
+        ("Cookie: sid=s%3Aabc; theme=dark", "Cookie: ***"),
+        ("https://hub.lan/x?token=tok-123&format=json", f"https://hub.lan/x?token={REDACTED}&format=json"),
+        ("+foo.pw=hunter2 model=resnet18", f"+foo.pw={REDACTED} model=resnet18"),
+        ('{"db.password": "hunter2", "lr": 0.1}', f'{{"db.password": "{REDACTED}", "lr": 0.1}}'),
+        # ordinary text is left alone
+        ("Basic augmentation with max_tokens=77", "Basic augmentation with max_tokens=77"),
+        ("loss=asl sampler=class_aware tokenizer=bert", "loss=asl sampler=class_aware tokenizer=bert"),
+        ("http://127.0.0.1:5000/#/experiments", "http://127.0.0.1:5000/#/experiments"),
+    ],
+)
+def test_redact_text_blanks_bearer_and_basic_credentials_headers_and_secret_pairs(text, expected):
+    assert redact_text(text) == expected
+    assert redact({"note": text}) == {"note": expected}  # the same in any config string value
+
+
+def test_run_tags_are_blanked_by_name_as_well_as_by_value():
+    tags = {"cxrlt.hub_token": "tok-123456", "cxrlt.grid": "lr", "cxrlt.run_key": "0a1b2c", "note": "Bearer abc-123"}
+    assert redact_tags(tags) == {"cxrlt.hub_token": REDACTED, "cxrlt.grid": "lr", "cxrlt.run_key": "0a1b2c",
+                                 "note": f"Bearer {REDACTED}"}  # fmt: skip
+
+
+def test_secret_environment_variables_are_recognised_anywhere_in_their_name(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value-9")
+    monkeypatch.setenv("DESKTOP_SESSION", "ubuntu-desktop")  # not a secret: must not blank every "ubuntu-desktop"
+    assert redact_text("key aws-secret-value-9 on ubuntu-desktop") == "key *** on ubuntu-desktop"
+
+
+def test_no_key_of_the_platforms_own_configs_is_blanked():
+    """Every task with every adapter, and every choice of every group: redaction must leave all of it readable."""
+    from hydra import compose, initialize_config_dir
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+
+    def choices(group: str) -> list[str]:
+        return sorted(path.stem for path in (configs / group).glob("*.yaml"))
+
+    overrides = [[f"task={t}", f"adapter={a}"] for t in choices("task") for a in choices("adapter")]
+    for group in ("data", "model", "loss", "sampler", "augment", "trainer", "stage", "evaluation", "tta", "debug"):
+        overrides += [[f"{group}={choice}"] for choice in choices(group)]
+    overrides += [["hparams_search=lr"], *([f"pruner={p}"] for p in choices("pruner"))]
+    with initialize_config_dir(str(configs), version_base="1.3"):
+        trees = [OmegaConf.to_container(compose("tune", overrides=o)) for o in overrides]
+        trees += [OmegaConf.to_container(compose(root)) for root in ("evaluate", "data_tools")]
+    assert len(trees) == len(overrides) + 2
+    for tree in trees:
+        assert redact(tree) == tree
 
 
 def test_unreachable_server_fails_within_seconds_naming_it_without_its_password():
