@@ -34,7 +34,7 @@ def smoke_runs(tmp_path_factory):
         done = subprocess.run(
             train_command(tmp, "debug=smoke", f"model={model}", f"data.source.root={tmp}/synthetic",
                           "trainer.enable_progress_bar=false"),
-            env=env, capture_output=True, text=True, timeout=300,
+            env=env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         outputs[model] = (done, time.perf_counter() - started)
@@ -138,7 +138,7 @@ def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
         train_command(tmp, "debug=smoke", "model=resnet18", f"data.source.root={tmp}/synthetic", "stage=crt",
                       f"stage.parent_run={parent.info.run_id}", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
                       "tta.enabled=false", "evaluation.perturbation.enabled=false"),
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     experiment = client.get_experiment_by_name("task1")
@@ -163,7 +163,7 @@ def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
     done = subprocess.run(
         [sys.executable, "-m", "evaluation.cli", f"run={run.info.run_id}", "evaluation=postprocess",
          "evaluation.n_boot=50", "tta.enabled=false", "evaluation.perturbation.enabled=false"],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = client.get_run(run.info.run_id).data.metrics
@@ -179,7 +179,7 @@ def test_the_same_seed_trains_the_same_model_again(smoke_runs):
     done = subprocess.run(
         train_command(tmp, "debug=smoke", f"model={MODELS[0]}", f"data.source.root={tmp}/synthetic",
                       "trainer.enable_progress_bar=false", "tracking.experiment=repeat"),
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (repeat,) = client.search_runs([client.get_experiment_by_name("repeat").experiment_id])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from mlflow import MlflowClient
 
 from evaluation.submission import Template, validate_file
 from evaluation.submit import submit
-from tests.conftest import PROJECT_ROOT, free_port, wait_for_http
+from tests.conftest import PROJECT_ROOT, free_port, stop_process_group, wait_for_http
 from tests.tune_support import tune_command
 from training.data.findings import TASK1_LABELS
 from training.data.label_names import ORGANISER_SPELLING
@@ -220,8 +219,7 @@ def test_make_serve_scores_an_image_like_the_submission(study, champion, submiss
             base, {"columns": ["image_b64"], "data": [[base64.b64encode(image.read_bytes()).decode()]]}
         )
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server runs its workers in its own process group
-        server.wait(timeout=30)
+        stop_process_group(server)  # make, mlflow and its uvicorn workers: the whole group
     assert list(by_path) == list(TASK1_LABELS)  # one probability per class, in label order
     probs = np.array(list(by_path.values()))
     assert ((probs >= 0) & (probs <= 1)).all()
