@@ -12,7 +12,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 TRACKING_URI = $(PY) -m training.tracking.uri
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score tune register serve submit benchmark ui server test test-realdata test-slow test-server lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit benchmark ui server test test-realdata test-slow test-server lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -57,6 +57,10 @@ PRUNER ?= median
 tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=task1 TRIALS=20 [SEARCH=default] [PRUNER=median|hyperband|aggressive|none] [STORAGE=<rdb url>] [STUDY=<name>] [ARGS=...]
 	$(PY) -m training.tune task=$(TASK) tune.trials=$(TRIALS) hparams_search=$(SEARCH) pruner=$(PRUNER) \
 		$(if $(STORAGE),'tune.storage="$(STORAGE)"') $(if $(STUDY),'tune.study="$(STUDY)"') $(ARGS)
+
+DASHBOARD_PORT ?= 8080
+optuna-dashboard: setup ## Optuna's dashboard on the study storage, http://127.0.0.1:8080: make optuna-dashboard [STORAGE=<rdb url>] [DASHBOARD_PORT=8080]
+	$(VENV)/bin/optuna-dashboard '$(or $(STORAGE),sqlite:///mlruns/optuna.db)' --host 127.0.0.1 --port $(DASHBOARD_PORT)
 
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
 	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN)) $(ARGS)

@@ -62,6 +62,8 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     best = state.describe_best(metric)
     if best is not None:
         log.info("%s", best)
+        log.info("next: `make register TASK=%s` registers the best finished run (the full evaluation first, if it is "
+                 "a trial); `make optuna-dashboard` explores the study", cfg.task.name)  # fmt: skip
     return study
 
 

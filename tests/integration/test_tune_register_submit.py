@@ -105,10 +105,12 @@ def test_parent_run_holds_best_value_table_and_plots(study, tmp_path):
     table = pd.read_csv(client.download_artifacts(parent.info.run_id, "trials.csv", str(tmp_path)))
     assert table["number"].tolist() == list(range(8))
     assert sorted(table["state"]) == sorted(t.state.name for t in second["trials"])
-    plots = {a.path.split("/")[-1] for a in client.list_artifacts(parent.info.run_id, "plots")}
-    assert {"optimization_history.png", "parallel_coordinate.png", "intermediate_values.png"} <= plots
+    page = Path(client.download_artifacts(parent.info.run_id, "plots.html", str(tmp_path))).read_text()
+    for section in ("optimization_history", "parallel_coordinate", "intermediate_values"):
+        assert f'id="plot-{section}"' in page  # an interactive plotly figure, not a picture
+    assert page.count("<script") >= 4 and "plotly" in page
     if len(complete) >= 2:  # Optuna needs two complete trials to assess importance; fewer only skips that plot
-        assert "param_importances.png" in plots
+        assert 'id="plot-param_importances"' in page
 
 
 def test_restart_with_more_trials_adds_two_to_the_same_study(study):

@@ -23,37 +23,22 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import matplotlib
+import optuna
+from mlflow import MlflowClient
+from mlflow.entities import Metric, RunTag
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
 
-matplotlib.use("Agg")  # headless: plots are files, never windows
-
-import matplotlib.pyplot as plt  # noqa: E402
-import optuna  # noqa: E402
-from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import Metric, RunTag  # noqa: E402
-from optuna.study import StudyDirection  # noqa: E402
-from optuna.trial import FrozenTrial, TrialState  # noqa: E402
-from optuna.visualization import matplotlib as optuna_plots  # noqa: E402
-
-from training.tracking.session import send_metrics  # noqa: E402
-from training.tuning.objective import RUN_ATTR, is_surplus  # noqa: E402
+from training.tracking.session import send_metrics
+from training.tuning.objective import RUN_ATTR, is_surplus
+from training.tuning.plots import write_plots_page
 
 log = logging.getLogger(__name__)
 
-#: Artifact file -> Optuna plot. Importance needs two complete trials with a varying parameter; a plot Optuna
-#: cannot draw yet is skipped with a log line, never an error, so a young study still gets its table.
-PLOTS: dict[str, Callable[[optuna.Study], object]] = {
-    "optimization_history.png": optuna_plots.plot_optimization_history,
-    "param_importances.png": optuna_plots.plot_param_importances,
-    "parallel_coordinate.png": optuna_plots.plot_parallel_coordinate,
-    "intermediate_values.png": optuna_plots.plot_intermediate_values,
-}
 #: Every state a trial can be counted in; all are logged, zeros included.
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING", "SURPLUS")
 BEST_TAG = "best."
@@ -199,7 +184,6 @@ def _sync_best_tags(study: optuna.Study, state: StudyState, client: MlflowClient
 def write_report(study: optuna.Study, client: MlflowClient, run_id: str, metric: str) -> list[str]:
     """Log the best value and params, ``trials.csv`` and the plots into the parent run; returns the plot files."""
     state = log_best(study, client, run_id, metric)
-    written = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         study.trials_dataframe().to_csv(folder / "trials.csv", index=False)
@@ -209,24 +193,6 @@ def write_report(study: optuna.Study, client: MlflowClient, run_id: str, metric:
                        "best_trial": best.number, "best_params": best.params,
                        "best_mlflow_run_id": best.user_attrs.get(RUN_ATTR), "states": state.counts()}  # fmt: skip
             (folder / "best.json").write_text(json.dumps(summary, indent=1, default=str))
-        for name, plot in PLOTS.items():
-            if _save_plot(study, plot, folder / "plots" / name):
-                written.append(name)
+        written = write_plots_page(study, folder / "plots.html")
         client.log_artifacts(run_id, str(folder))
     return written
-
-
-def _save_plot(study: optuna.Study, plot: Callable, path: Path) -> bool:
-    path.parent.mkdir(exist_ok=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Optuna marks its matplotlib backend experimental
-            axes = plot(study)
-        figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-        figure.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(figure)
-        return True
-    except (ValueError, RuntimeError, ZeroDivisionError) as error:
-        log.info("plot %s skipped: %s", path.name, error)
-        plt.close("all")
-        return False
