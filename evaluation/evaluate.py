@@ -26,6 +26,7 @@ from evaluation.perturb import perturbed_set
 from evaluation.plots import write_plots
 from evaluation.report import write_html, write_report
 from evaluation.suite import SuiteResult, compute_suite
+from evaluation.tables import PER_CLASS_TABLE, logged_tables_tag, per_class_metric_names, per_class_table, write_table
 from evaluation.thresholds import select_thresholds
 from evaluation.tta import TTAPredictor
 
@@ -55,6 +56,9 @@ class Evaluation:
     groups: dict[str, list[int]]
     train_prevalence: np.ndarray
     sources: dict[str, dict[str, float]]
+    #: ``evaluation.per_class_metrics``: whether :func:`store` logs ``test/<key>/<class>`` as metrics as well as in
+    #: the per-class table. Carried here so every caller of ``store`` honours the run's config.
+    per_class_metrics: bool = True
 
 
 def predict(model, datamodule, split: str, predictor: TTAPredictor | None = None) -> np.ndarray:
@@ -136,7 +140,8 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
     metrics = {k: v for s in sets.values() for k, v in s.metrics.items()}
     metrics.update({f"test/source/{name}/{k}": v for name, values in sources.items() for k, v in values.items()})
     metrics["test/prevalence_baseline_mAP"] = prevalence_baseline_map(test_targets)
-    return Evaluation(sets, metrics, predictions, labels, groups, prevalence, sources)
+    per_class_metrics = bool(cfg.evaluation.get("per_class_metrics", True))
+    return Evaluation(sets, metrics, predictions, labels, groups, prevalence, sources, per_class_metrics)
 
 
 def _predict_perturbed(model, datamodule, cfg) -> np.ndarray:
@@ -161,9 +166,20 @@ def _per_source(datamodule, targets, probs, suite) -> dict[str, dict[str, float]
 
 
 def store(evaluation: Evaluation, log_metrics: Callable[[dict], None], log_artifacts: Callable[[Path, str], None],
-          workdir: Path, make_plots: bool = True) -> None:  # fmt: skip
-    """Log the metrics and write predictions, plots, ``metrics.json`` and ``report.md`` as run artifacts."""
-    log_metrics(evaluation.metrics)
+          workdir: Path, make_plots: bool = True, set_tags: Callable[[dict], None] | None = None) -> None:  # fmt: skip
+    """Log the metrics and write predictions, plots, ``metrics.json``, ``report.md``/``report.html`` and the
+    per-class table (``evaluation/per_class.json``) as run artifacts.
+
+    The per-class values are always in the table, ``metrics.json`` and the report; they are logged as MLflow
+    metrics too unless ``evaluation.per_class_metrics`` is false, which leaves a run's metric list to its macros,
+    groups and sources (docs/rules.md §7). ``set_tags`` (the run's) registers the table with MLflow's UI, which
+    then shows it as a table and compares it across runs; without it the table is a plain JSON artifact.
+    """
+    logged = evaluation.metrics
+    if not evaluation.per_class_metrics:
+        per_class = per_class_metric_names(evaluation)
+        logged = {key: value for key, value in logged.items() if key not in per_class}
+    log_metrics(logged)
     predictions = workdir / "predictions"
     predictions.mkdir(parents=True, exist_ok=True)
     for split, frame in evaluation.predictions.items():
@@ -172,6 +188,9 @@ def store(evaluation: Evaluation, log_metrics: Callable[[dict], None], log_artif
     report = workdir / "evaluation"
     report.mkdir(parents=True, exist_ok=True)
     (report / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=1, sort_keys=True))
+    write_table(per_class_table(evaluation), workdir / PER_CLASS_TABLE)
     plots = write_plots(evaluation, report) if make_plots else []
     write_html(write_report(evaluation, report / "report.md", plots), report / "report.html")
     log_artifacts(report, "evaluation")
+    if set_tags is not None:
+        set_tags(logged_tables_tag([PER_CLASS_TABLE]))

@@ -48,7 +48,7 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
     for note in interval_notes(evaluation):  # the terminal says it too, not only report.md
         log.warning("%s", note)
     with tempfile.TemporaryDirectory() as tmp:
-        store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots)
+        store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots, sink.set_tags)
     unseen = compute_unseen(model, datamodule, cfg)
     if unseen is not None:
         store_unseen(unseen, sink.log_metrics, sink.log_artifact, sink.set_tags)

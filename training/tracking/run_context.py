@@ -4,7 +4,9 @@ machine's load while it trained.
 - **Datasets** (``log_inputs``): the manifest's train, val and test rows, each named ``<source>-<split>`` with the
   manifest's fingerprint as digest and the split as context, so the runs table's Dataset column and filter
   work, and two runs on different data cannot be mistaken for comparable.
-- **Experiment kind** (``mlflow.experimentKind``): model training, so the UI opens the runs table.
+- **Experiment kind** (``mlflow.experimentKind``): model training, and a saved runs-table view *Headline metrics*
+  (the selection metric at the kept checkpoint, the ranking chain, the perturbed mAP; sorted as ``make register``
+  ranks), offered by the runs table's *Views* button to everyone on the server.
 - **Description** (``mlflow.note.content``): task, model, loss, sampler, stage and seed in words, the first thing
   the run page shows.
 - **System metrics** (``system/...``: CPU, memory, disk, network; GPU through ``nvidia-ml-py`` when installed),
@@ -22,20 +24,23 @@ from mlflow.entities import DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from omegaconf import DictConfig
 
+from evaluation.tables import headline_view_tag
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 DESCRIPTION_TAG = "mlflow.note.content"
-#: MLflow 3's UI opens an experiment without this tag on its GenAI overview (traces, tokens); with it, on the runs
-#: table of a model-training experiment.
+#: Declares the experiment a model-training one for MLflow's UI and search. MLflow 3.17's UI itself still opens on
+#: whatever its sidebar switch (*GenAI | Model training*) was last set to in the browser; README says how to switch.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
-def mark_model_training(client, experiment_id: str) -> None:
-    """Tag the experiment as model training unless someone already chose its kind."""
-    key, value = EXPERIMENT_KIND
-    if key not in client.get_experiment(experiment_id).tags:
-        client.set_experiment_tag(experiment_id, key, value)
+def mark_model_training(client, experiment_id: str, views: dict[str, str] | None = None) -> None:
+    """Tag the experiment as model training and add saved ``views``, each unless someone already set it."""
+    tags = client.get_experiment(experiment_id).tags
+    for key, value in {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], **(views or {})}.items():
+        if key not in tags:
+            client.set_experiment_tag(experiment_id, key, value)
 
 
 def describe(cfg: DictConfig, source_name: str, fingerprint: str) -> str:
@@ -67,7 +72,9 @@ def dataset_inputs(datamodule) -> list[DatasetInput]:
 
 def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
     """Log the datasets and the description of a new run (a resumed run already has them); mark its experiment."""
-    mark_model_training(client, client.get_run(run_id).info.experiment_id)
+    headline = "test_unseen" if cfg.task.get("unseen") else "test"  # a zero-shot task is judged on its unseen classes
+    view = headline_view_tag(str(cfg.checkpoint.monitor), headline, descending=cfg.checkpoint.mode == "max")
+    mark_model_training(client, client.get_run(run_id).info.experiment_id, view)
     client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
     client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
 

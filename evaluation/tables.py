@@ -1,0 +1,118 @@
+"""How an evaluation's numbers are laid out for MLflow 3's UI, where a run has hundreds of metrics.
+
+A Task 1 run logs 740 to 810 metrics, 270 of them per class (``test/ap/<class>``, ``test/auroc/<class>``, ...). MLflow
+lists metrics alphabetically wherever it lists them all (the compare page, the runs table's column picker), so the
+per-class ones push ``test/mAP`` down the list, and nowhere do they read as a table of classes. Two layouts help:
+
+- **The per-class table** (``evaluation/per_class.json``): one row per class, one column per per-class value, in
+  MLflow's own table format (what ``mlflow.log_table`` writes) and registered in the run's
+  ``mlflow.loggedArtifacts`` tag. The run's Artifacts tab then shows it as a table, and the experiment page's
+  *Artifact evaluation* view puts it side by side for the visible runs, one class per row, which the alphabetical
+  metric list cannot do. Written whether or not the per-class values are also logged as metrics
+  (``evaluation.per_class_metrics``), so turning those off loses nothing a person can see.
+- **The headline view** (an experiment tag ``mlflow.sharedViewState.<id>``): a saved view of the runs table with
+  the headline metrics as columns, sorted by the selection metric, listed under the runs table's *Views* button.
+  MLflow 3 shows no metric column by default, whatever the number of metrics, and keeps a chosen column in one
+  browser's local storage; a saved view lives on the server, so every teammate's browser has it.
+
+Both formats were read from MLflow 3.17's UI bundle and checked in a browser (docs/evaluation.md, "Comparing runs
+in the MLflow UI"); they are UI conventions, not a documented API, so ``tests/integration/test_ui_browser.py``
+(``-m browser``) is what notices when an MLflow upgrade changes them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from evaluation.metric_registry import SUITE
+
+#: Where the per-class table goes, relative to the run's artifact root.
+PER_CLASS_TABLE = "evaluation/per_class.json"
+#: The run tag through which MLflow's UI finds a run's tables (``mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS``).
+LOGGED_TABLES_TAG = "mlflow.loggedArtifacts"
+#: Experiment tags with this prefix are the runs table's saved views (MLflow 3.17's ``viewStateShareKey``).
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+HEADLINE_VIEW_ID = "cxrlt-headline"
+
+
+def per_class_metric_names(evaluation) -> set[str]:
+    """The logged keys that hold one class's value (``test/ap/Hernia``), as opposed to macros and groups."""
+    return {
+        f"{metric_set.prefix}/{key}/{label}"
+        for metric_set in evaluation.sets.values()
+        for key in metric_set.result.per_class
+        for label in evaluation.labels
+    }
+
+
+def per_class_table(evaluation) -> pd.DataFrame:
+    """One row per class in label order: every per-class value of the plain test set (column ``test/ap`` holds
+    metric ``test/ap/<class>``), the AP of each other metric set (``test_tta/ap``, ``test_perturbed/ap``: per class
+    nowhere else), then the class's head-to-tail group, training prevalence and test positives.
+
+    ``test/ap`` comes right after ``class`` because the *Artifact evaluation* view compares the first column after
+    the one it groups by. A value that is undefined (a class without test positives has no AP) stays missing
+    rather than zero, so it is never ranked or averaged as a real score.
+    """
+    labels = list(evaluation.labels)
+    columns: dict[str, object] = {"class": labels}
+    for metric_set in evaluation.sets.values():
+        per_class = metric_set.result.per_class
+        keys = [m.key for m in SUITE.per_class(val_thresholds=True) if m.key in per_class]
+        for key in keys if metric_set.prefix == "test" else [k for k in keys if k == "ap"]:
+            columns[f"{metric_set.prefix}/{key}"] = np.asarray(per_class[key], dtype=float)
+    group_of = {index: group for group, members in evaluation.groups.items() for index in members}
+    test = evaluation.predictions["test"]
+    columns["group"] = [group_of.get(i, "") for i in range(len(labels))]
+    columns["train_prevalence"] = np.asarray(evaluation.train_prevalence, dtype=float)
+    columns["test_positives"] = [int((test[f"true/{name}"] == 1).sum()) for name in labels]
+    return pd.DataFrame(columns)
+
+
+def write_table(frame: pd.DataFrame, path: Path, decimals: int = 4) -> Path:
+    """``frame`` in MLflow's table format, ``{"columns": [...], "data": [[...], ...]}``, missing values as null.
+
+    Rounded to ``decimals`` because people read it side by side in the UI; full precision is in ``metrics.json``.
+    """
+    path.write_text(frame.to_json(orient="split", index=False, double_precision=decimals) + "\n")
+    return path
+
+
+def logged_tables_tag(paths: Sequence[str]) -> dict[str, str]:
+    """The run tag that makes MLflow's UI show ``paths`` (JSON artifacts written by :func:`write_table`) as tables.
+
+    It replaces the tag's value; this platform logs no other tables. ``mlflow.log_table`` is not used because it
+    appends rows to an existing table, so ``make evaluate`` would list every class twice.
+    """
+    return {LOGGED_TABLES_TAG: json.dumps([{"path": path, "type": "table"} for path in paths])}
+
+
+def headline_view_tag(
+    selection_metric: str, set_prefix: str = "test", descending: bool = True, now_ms: int | None = None
+) -> dict[str, str]:
+    """The experiment tag of the runs table's *Headline metrics* saved view.
+
+    Columns: the selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
+    metric of the challenge's ranking chain, and the perturbed-set mAP; rows sorted by the selection metric, best
+    first, as ``make register`` ranks runs (never by a test metric: docs/rules.md §2). Open it from the runs
+    table's *Views* button, or with ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``.
+
+    Args:
+        selection_metric: the task's ``selection_metric`` (``val/mAP``; ``val/proxy_ood_mAP`` for Task 2).
+        set_prefix: the metric set whose headline metrics are shown (``test_unseen`` for a zero-shot task).
+        descending: whether a larger selection metric is better.
+        now_ms: the view's creation time in ms (the UI shows it); the current time when None.
+    """
+    best = f"{selection_metric}_best"
+    metrics = [best, *(f"{set_prefix}/{m.name}" for m in SUITE.tie_break_chain()), "test_perturbed/mAP"]
+    columns = ["attributes.`Dataset`", *(f"metrics.`{key}`" for key in metrics)]
+    state = {"orderByKey": f"metrics.`{best}`", "orderByAsc": not descending, "selectedColumns": columns}
+    created = int(time.time() * 1000) if now_ms is None else now_ms
+    envelope = {"name": "Headline metrics", "createdAt": created, "updatedAt": created, "state": json.dumps(state)}
+    return {SAVED_VIEW_PREFIX + HEADLINE_VIEW_ID: json.dumps(envelope)}
