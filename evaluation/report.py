@@ -22,12 +22,12 @@ HEADLINE = SUITE.headline()
 """Rows of the headline table: the registry's metrics that every metric set has (not the ``*_valthr`` ones)."""
 
 
-def _ci(metrics: dict, key: str) -> str:
+def _ci(metrics: dict, key: str, digits: int = 4) -> str:
     value = metrics.get(key)
     if value is None or not np.isfinite(value):
         return "-"
     low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
-    return f"{value:.4f} [{low:.4f}, {high:.4f}]" if low is not None else f"{value:.4f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]" if low is not None else f"{value:.{digits}f}"
 
 
 def interval_notes(evaluation) -> list[str]:
@@ -76,11 +76,7 @@ def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = N
 
 
 def _ci3(metrics: dict, key: str) -> str:
-    value = metrics.get(key)
-    if value is None or not np.isfinite(value):
-        return "-"
-    low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
-    return f"{value:.3f} [{low:.3f}, {high:.3f}]" if low is not None else f"{value:.3f}"
+    return _ci(metrics, key, digits=3)
 
 
 def write_report(evaluation, path: Path, plots: list[Path]) -> Path:

@@ -24,21 +24,10 @@ from evaluation.metric_registry import (
 )
 from evaluation.ranking import ClassPlan, counts_matrix
 from evaluation.suite import compute_suite
+from tests.unit.test_eval_metrics import hand_ece
 
 TOL = 1e-12
 CHALLENGE_CHAIN = ["mAP", "mAUROC", "mF1", "mECE", "mPrecision", "mRecall"]  # CXR-LT ranking rules
-
-
-def hand_ece(y, p, n_bins=15):
-    """Textbook ECE, one bin at a time (bin 0 = [0, 1/15], then (lo, hi])."""
-    y, p = np.asarray(y, float), np.asarray(p, float)
-    edges = np.linspace(0, 1, n_bins + 1)
-    total = 0.0
-    for k in range(n_bins):
-        members = (p <= edges[k + 1]) & ((p > edges[k]) | (k == 0))
-        if members.any():
-            total += members.sum() / len(p) * abs(y[members].mean() - p[members].mean())
-    return total
 
 
 def at(metric, t):
