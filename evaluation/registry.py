@@ -150,9 +150,9 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
         version = max(existing, key=lambda v: int(v.version))
         log.info("run %s is already %s version %s; moving %r to it", run_id, name, version.version, alias)
     else:
+        scorer = Scorer.load(run_id, client)  # first: an unknown or unfinished run is refused by name
         if full_evaluation:
             ensure_full_evaluation(client, run_id)
-        scorer = Scorer.load(run_id, client)
         with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name="model", python_model=str(PYFUNC_CODE), artifacts=save_artifacts(scorer, Path(tmp)),
