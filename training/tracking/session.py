@@ -421,7 +421,8 @@ class TrackingSession:
         """Where the run opens in the MLflow UI: the team server's own, or ``make ui``'s default address."""
         experiment = self.client.get_run(self.run_id).info.experiment_id
         base = redact_text(self.uri).rstrip("/") if is_remote(self.uri) else LOCAL_UI
-        return f"{base}/#/experiments/{experiment}/runs/{self.run_id}"
+        # MLflow 3.17's UI otherwise opens on its GenAI pages unless this browser was switched to model training.
+        return f"{base}/#/experiments/{experiment}/runs/{self.run_id}?workflowType=machine_learning"
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.await_server()
