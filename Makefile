@@ -60,6 +60,7 @@ tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=tas
 
 DASHBOARD_PORT ?= 8080
 optuna-dashboard: setup ## Optuna's dashboard on the study storage, http://127.0.0.1:8080: make optuna-dashboard [STORAGE=<rdb url>] [DASHBOARD_PORT=8080]
+	@test -n "$(STORAGE)" -o -f mlruns/optuna.db || { echo "make optuna-dashboard: no study yet in mlruns/optuna.db; run make tune first (or give STORAGE=<rdb url>)" >&2; exit 2; }
 	$(VENV)/bin/optuna-dashboard '$(or $(STORAGE),sqlite:///mlruns/optuna.db)' --host 127.0.0.1 --port $(DASHBOARD_PORT)
 
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
