@@ -1,5 +1,6 @@
 """Small stand-ins for the benchmark tests: a Kermany-shaped image folder, a tiny random open_clip model, and a toy
-protocol of another shape (image pairs, two findings, three readers) that plugs into the same runner."""
+protocol of another shape (image pairs, two findings, three readers, two sites, extras beyond its table) that plugs
+into the same runner."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ import numpy as np
 import pandas as pd
 
 from evaluation.benchmarks.encoders import Encoder, Target
-from evaluation.benchmarks.protocol import Box, Draw, Features, Outcome, Prediction, Protocol, Subset, Targets
+from evaluation.benchmarks.protocol import (
+    Box,
+    Draw,
+    Extras,
+    Features,
+    Outcome,
+    Prediction,
+    Protocol,
+    Subset,
+    Targets,
+)
 
 TINY_CLIP = {
     "model_cfg": {
@@ -95,6 +106,11 @@ READERS = ("reader_a", "reader_b", "reader_c")
 PAIR_SIZE = 16
 
 
+def toy_site(i: int) -> str:
+    """Where item ``i`` was read: runs of three, so each site holds every combination of the two findings."""
+    return ("ward", "clinic")[(i // 3) % 2]
+
+
 def toy_truth(i: int) -> tuple[int, int]:
     """Whether Effusion and Edema worsened between item ``i``'s prior and current film."""
     return int(i % 2 == 0), int((i // 2) % 2 == 0)
@@ -130,6 +146,7 @@ def write_pairs(root: Path, n: int = 24, seed: int = 0) -> None:
             "item_id": f"study{i:03d}",
             "prior_path": f"pairs/{i:03d}_prior.png",
             "path": f"pairs/{i:03d}_current.png",
+            "site": toy_site(i),
         }
         for reader in READERS:
             row.update(
@@ -152,7 +169,9 @@ class ToyProgressionProtocol(Protocol):
     reference; the model and each reader are scored by Cohen's kappa against it, bootstrapped over studies.
 
     The model's call is whether its zero-shot score rose from the prior to the current film by more than
-    :data:`CHANGE_MARGIN`, per finding: one encoder per finding, two image columns per item.
+    :data:`CHANGE_MARGIN`, per finding: one encoder for both findings, two image columns per item. Beyond the
+    table it reports each method's mean kappa per site (a table, a report section), a bar figure and the weakest
+    reader's mean kappa (a metric).
     """
 
     methods = {"model": "Model", **{reader: reader.replace("_", " ").title() for reader in READERS}}
@@ -188,13 +207,13 @@ class ToyProgressionProtocol(Protocol):
         words = np.where(majority == 1, "worse", "stable")  # (N, K)
         texts = tuple("; ".join(f"{f.lower()} {w}" for f, w in zip(self.findings, row, strict=True)) for row in words)
         targets = Targets("multilabel", self.findings, majority, readers=READERS, reader_labels=readings,
-                          boxes=boxes, texts=texts)  # fmt: skip
+                          boxes=boxes, texts=texts, groups=table["site"].to_numpy())  # fmt: skip
         test = Subset(table, targets, images=("prior_path", "path"), id_column="item_id", pool=len(table))
         return Draw(version, {"test": test}, {"readers": len(READERS)}, [f"test: {len(test)} studies"])
 
-    def predict(self, draw: Draw, encoders: Mapping[str, Encoder], features: Features) -> Outcome:
+    def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
         change = np.stack(
-            [features.get(f, "test", "path").zero_shot - features.get(f, "test", "prior_path").zero_shot
+            [features.zero_shot(f, "test", "path") - features.zero_shot(f, "test", "prior_path")
              for f in self.findings], axis=1,
         )  # (N, K)  # fmt: skip
         truth = draw.test.targets
@@ -210,6 +229,30 @@ class ToyProgressionProtocol(Protocol):
         kappas = [cohen_kappa(truth.labels[:, k], prediction.decisions[:, k]) for k in range(len(self.findings))]
         out = {f"kappa_{f.lower()}": value for f, value in zip(self.findings, kappas, strict=True)}
         return {**out, "kappa_mean": float(np.nanmean(kappas)) if not np.isnan(kappas).all() else float("nan")}
+
+    def extras(self, draw: Draw, outcome: Outcome, table: pd.DataFrame, n_boot: int) -> Extras:
+        from matplotlib.figure import Figure  # a Figure without pyplot: no global state in tests
+
+        truth = draw.test.targets
+        rows = []
+        for site in sorted(set(truth.groups)):
+            index = np.flatnonzero(truth.groups == site)
+            for method, prediction in outcome.methods.items():
+                kappa = self.score(truth.take(index), prediction.take(index))["kappa_mean"] if prediction else np.nan
+                rows.append({"site": site, "method": method, "n": len(index), "kappa_mean": kappa})
+        by_site = pd.DataFrame(rows)
+        means = table[table["metric"] == "kappa_mean"].set_index("protocol")["value"]
+        figure = Figure(figsize=(3, 2))
+        axes = figure.subplots()
+        axes.bar(list(means.index), means.to_numpy())
+        axes.set_ylabel("mean kappa")
+        lines = ["## Mean kappa by site", "", "| site | method | items | mean kappa |", "|---|---|---|---|"]
+        lines += [f"| {r.site} | {r.method} | {r.n} | {r.kappa_mean:.3f} |" for r in by_site.itertuples()]
+        return Extras(
+            tables={"kappa_by_site": by_site}, figures={"kappa_mean": figure}, sections=["\n".join(lines)],
+            metrics={"readers/weakest_kappa_mean": float(means[list(READERS)].min()), "readers/undefined": np.nan},
+            params={"sites": ", ".join(sorted(set(truth.groups)))},
+        )  # fmt: skip
 
 
 TOY_YAML = {

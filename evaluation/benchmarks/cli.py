@@ -21,7 +21,7 @@ from evaluation.benchmarks.catalog import CONFIG_DIR, available, load_protocol
 from evaluation.benchmarks.embeddings import DEFAULT_CACHE_DIR
 from evaluation.benchmarks.protocol import BadInput
 from evaluation.benchmarks.report import render_report
-from evaluation.benchmarks.runner import draw_subsets, load_encoders, run_benchmark
+from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from evaluation.benchmarks.tracking import experiment_id, log_run
 from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
 
@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> None:
     if missing:
         raise BadInput(f"benchmark {args.name} needs {' and '.join(missing)}; usage: {USAGE}")
     draw = draw_subsets(protocol, args.data_root, args.version)
-    encoders = load_encoders(protocol, args.model, uri)
+    encoder = load_model(protocol, args.model, uri)
     result = run_benchmark(
-        protocol, draw, encoders, args.data_root, n_boot=args.n_boot,
+        protocol, draw, encoder, args.data_root, n_boot=args.n_boot,
         cache_dir=None if args.no_cache else args.cache_dir, batch_size=args.batch_size,
     )  # fmt: skip
     report = render_report(result)

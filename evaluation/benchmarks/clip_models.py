@@ -1,8 +1,8 @@
 """Image-text models through open_clip: ``clip:<model>[:<pretrained tag or weights file>]``,
 ``clip:hf-hub:<org/repo>`` or ``clip:local-dir:<folder>``.
 
-Zero-shot is the prompt margin ``cos(image, "a chest x-ray showing pneumonia") - cos(image, "a normal chest
-x-ray")`` on L2-normalised embeddings; a positive margin is the model's pneumonia call. (A softmax over the two
+Zero-shot is, per target, the prompt margin ``cos(image, "a chest x-ray showing pneumonia") - cos(image, "a normal
+chest x-ray")`` on L2-normalised embeddings; a positive margin is the model's call for that finding. (A softmax over the two
 scaled similarities is a monotone function of this margin and is above 0.5 exactly when the margin is positive,
 so AUROC, AP and the decisions are the same either way.) Probe features are the same normalised image embeddings
 the similarities use.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,21 +50,21 @@ def _files_stamp(paths: list[Path]) -> str:
 
 
 class ClipEncoder(Encoder):
-    """An open_clip model scoring images against the target's two prompts.
+    """An open_clip model scoring images against each target's two prompts.
 
     Args:
         spec: ``clip:...`` as named by the user.
-        target: the benchmark's finding and prompts.
+        targets: the benchmark's findings and their prompts.
         tracking_uri: unused (open_clip models do not live in MLflow); every kind takes the same arguments.
         seed: seeds the random initialisation of a model loaded without weights.
     """
 
     zero_shot_kind = "margin"
 
-    def __init__(self, spec: str, target: Target, tracking_uri: str | None = None, seed: int = 0):
+    def __init__(self, spec: str, targets: Sequence[Target], tracking_uri: str | None = None, seed: int = 0):
         import open_clip  # optional heavy dependency, only for this model kind
 
-        self.spec = spec
+        super().__init__(spec, targets, tracking_uri, seed)
         self.name, self.pretrained = parse_clip_spec(spec)
         self.seed = seed
         with torch.random.fork_rng(devices=[]):
@@ -78,15 +79,18 @@ class ClipEncoder(Encoder):
         self.image_size = int(height)
         self.mean = torch.tensor(cfg.get("mean", open_clip.OPENAI_DATASET_MEAN), dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(cfg.get("std", open_clip.OPENAI_DATASET_STD), dtype=torch.float32).view(1, 3, 1, 1)
-        with torch.inference_mode():
-            tokens = self.tokenizer([target.positive_prompt, target.negative_prompt])
-            text = self.model.encode_text(tokens, normalize=True)  # (2, D)
-        self.text_direction = (text[0] - text[1]).float()  # (D,): margin = image . (t_pos - t_neg)
-        self.prompts = (target.positive_prompt, target.negative_prompt)
+        self.prompts = tuple((t.positive_prompt, t.negative_prompt) for t in self.targets)
+        self.text_directions = None  # (D, T): margin = image . (t_pos - t_neg), one column per target
+        if self.prompts:
+            with torch.inference_mode():
+                tokens = self.tokenizer([prompt for pair in self.prompts for prompt in pair])
+                text = self.model.encode_text(tokens, normalize=True).float()  # (2T, D): pos, neg, pos, neg, ...
+            self.text_directions = (text[0::2] - text[1::2]).T.contiguous()
 
     @property
     def identity(self) -> str:
-        parts = [PREFIX + self.name, str(self.pretrained), f"{self.image_size}", "|".join(self.prompts)]
+        prompts = "|".join(f"{pos}|{neg}" for pos, neg in self.prompts)
+        parts = [PREFIX + self.name, str(self.pretrained), f"{self.image_size}", prompts]
         if self.name.startswith("local-dir:"):
             parts.append(_files_stamp(list(Path(self.name.removeprefix("local-dir:")).iterdir())))
         elif self.pretrained and os.path.isfile(self.pretrained):
@@ -115,5 +119,7 @@ class ClipEncoder(Encoder):
         x = torch.from_numpy(np.ascontiguousarray(images)).float().div(255.0)  # (B, H, W)
         x = (x.unsqueeze(1).expand(-1, 3, -1, -1) - self.mean) / self.std  # (B, 3, H, W): gray in every channel
         embeddings = self.model.encode_image(x, normalize=True).float()  # (B, D)
-        margin = embeddings @ self.text_direction  # (B,)
-        return Encoded(embeddings.numpy(), margin.numpy())
+        if self.text_directions is None:
+            return Encoded(embeddings.numpy())
+        margin = (embeddings @ self.text_directions).numpy()  # (B, T)
+        return Encoded(embeddings.numpy(), margin.astype(np.float64), margin > 0)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluation.benchmarks.encoders import Encoded, Encoder
+from evaluation.benchmarks.encoders import Encoder
 from evaluation.benchmarks.probe import MAX_ITER, C, fit_probe, probe_probabilities
-from evaluation.benchmarks.protocol import Prediction
+from evaluation.benchmarks.protocol import Features, Prediction
 
 PROBE_THRESHOLD = 0.5
 PROBE_PARAMS = {"probe_C": C, "probe_max_iter": MAX_ITER}
@@ -35,29 +35,31 @@ class MethodResult:
     note: str = ""
 
 
-def binary_zero_shot(encoder: Encoder, test: Encoded, finding: str) -> MethodResult:
-    """The model's own score for the finding and its own decision rule (a probability above 0.5, a prompt margin
-    above 0), or why it has none."""
-    if not encoder.has_zero_shot:
-        return MethodResult(None, note=f"zero-shot: not available: {encoder.zero_shot_note}")
-    scores = test.zero_shot  # (N,)
-    decisions = scores > encoder.decision_threshold
-    word = finding.lower()
+def binary_zero_shot(encoder: Encoder, features: Features, label: str, subset: str = "test") -> MethodResult:
+    """The model's own score for the finding ``label`` on ``subset`` and its own decision rule (a platform run's
+    threshold for that output, 0.5 without one; a prompt margin above 0), or why it has none."""
+    if not encoder.has_zero_shot(label):
+        return MethodResult(None, note=f"zero-shot: not available: {encoder.zero_shot_notes[label]}")
+    scores = features.zero_shot(label, subset)  # (N,)
+    decisions = features.decisions(label, subset)
+    word = label.lower()
     return MethodResult(
         Prediction(scores, decisions),
         {"zero_shot_score": scores, f"zero_shot_{word}": decisions.astype(int)},
-        f"zero-shot score: {encoder.zero_shot_kind}, {word} when above {encoder.decision_threshold:g}",
+        f"zero-shot score: {encoder.zero_shot_kind}, {word} when {encoder.decision_rule(label)}",
     )
 
 
-def binary_probe(train: Encoded, train_labels: np.ndarray, test: Encoded, finding: str) -> MethodResult:
-    """Logistic regression on the training draw's embeddings (:mod:`evaluation.benchmarks.probe`), deciding at
-    a probability of 0.5."""
-    probe, converged = fit_probe(train.embeddings, train_labels)
-    probs = probe_probabilities(probe, test.embeddings)  # (N,)
+def binary_probe(features: Features, train_labels: np.ndarray, label: str, train: str = "train",
+                 test: str = "test") -> MethodResult:  # fmt: skip
+    """Logistic regression on the ``train`` subset's embeddings (:mod:`evaluation.benchmarks.probe`), scoring the
+    ``test`` subset and deciding at a probability of 0.5."""
+    train_embeddings = features.get(train).embeddings
+    probe, converged = fit_probe(train_embeddings, train_labels)
+    probs = probe_probabilities(probe, features.get(test).embeddings)  # (N,)
     decisions = probs > PROBE_THRESHOLD
     warning = "" if converged else " (lbfgs did NOT converge within max_iter)"
-    note = (f"probe: logistic regression on {train.embeddings.shape[1]}-d standardised embeddings of "
+    note = (f"probe: logistic regression on {train_embeddings.shape[1]}-d standardised embeddings of "
             f"{len(train_labels)} training images{warning}")  # fmt: skip
-    columns = {"probe_probability": probs, f"probe_{finding.lower()}": decisions.astype(int)}
+    columns = {"probe_probability": probs, f"probe_{label.lower()}": decisions.astype(int)}
     return MethodResult(Prediction(probs, decisions), columns, note)

@@ -11,6 +11,8 @@ A new kind is one :class:`~evaluation.benchmarks.encoders.Encoder` subclass and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from evaluation.benchmarks.clip_models import ClipEncoder
 from evaluation.benchmarks.encoders import Encoder, Target
 from evaluation.benchmarks.platform_models import PlatformRunEncoder
@@ -29,12 +31,12 @@ def model_kind(spec: str) -> str:
     return prefix if colon else "run"
 
 
-def load_encoder(spec: str, target: Target, tracking_uri: str, seed: int = 0) -> Encoder:
-    """Build the encoder a spec names.
+def load_encoder(spec: str, targets: Sequence[Target], tracking_uri: str, seed: int = 0) -> Encoder:
+    """Build the encoder a spec names, answering every one of ``targets``.
 
     Args:
         spec: the ``MODEL`` of ``make benchmark``.
-        target: the benchmark's finding and prompts.
+        targets: the benchmark's findings, with their prompts and classifier outputs.
         tracking_uri: MLflow store for runs and registered models.
         seed: seeds any random initialisation (a weightless open_clip model).
 
@@ -47,4 +49,4 @@ def load_encoder(spec: str, target: Target, tracking_uri: str, seed: int = 0) ->
             f"unknown model kind {kind!r} in {spec!r}; expected a run id, models:/<name>@<alias> or "
             f"models:/<name>/<version>, or clip:<open_clip model>[:<pretrained>]"
         )
-    return MODEL_KINDS[kind](spec.strip(), target, tracking_uri, seed)
+    return MODEL_KINDS[kind](spec.strip(), targets, tracking_uri, seed)

@@ -10,7 +10,8 @@
   test images stratified by label. Both draw ``train_size`` (500) training images stratified by label. Draws
   are :func:`evaluation.benchmarks.sampling.stratified_draw` with the protocol's seed, ranking on the image id
   (the path relative to the data root, without its extension, e.g. ``test/PNEUMONIA/person1_virus_6``).
-- Methods: zero-shot (the model's own score for the label) and a linear probe fit on the training draw
+- Methods: zero-shot (the model's own score for the label and its own call: a platform run's validation
+  threshold, 0.5 without one, or a prompt margin above 0) and a linear probe fit on the training draw
   (:mod:`evaluation.benchmarks.methods`); the binary metrics of :mod:`evaluation.benchmarks.metrics`, with a
   label-stratified bootstrap.
 """
@@ -103,11 +104,9 @@ class PneumoniaProtocol(Protocol):
         ]
         return Draw(version, {"train": train, "test": test}, {"excluded_train_images": len(removed)}, description)
 
-    def predict(self, draw: Draw, encoders: Mapping[str, Encoder], features: Features) -> Outcome:
-        test = features.get(self.label, "test")
-        train = draw.subsets["train"]
-        zero_shot = binary_zero_shot(encoders[self.label], test, self.label)
-        probe = binary_probe(features.get(self.label, "train"), train.targets.labels, test, self.label)
+    def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
+        zero_shot = binary_zero_shot(encoder, features, self.label)
+        probe = binary_probe(features, draw.subsets["train"].targets.labels, self.label)
         scores = draw.test.table[COLUMNS].copy()
         for column, values in {**zero_shot.columns, **probe.columns}.items():
             scores[column] = values

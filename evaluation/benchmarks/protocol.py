@@ -8,8 +8,11 @@ so one index array resamples every per-item field at once, whatever the task's s
 
 - items: one image (``images=("path",)``) or a prior/current pair (``("prior_path", "path")``);
 - targets: binary, multi-label or multi-class (one class per finding), optionally several readers' answers,
-  boxes, reference texts (captions) and concept sets;
+  boxes, reference texts (captions), concept sets and a group per item (a stratum, a data source);
 - predictions: scores and decisions in the targets' shape, optionally boxes, texts and concept sets.
+
+What does not fit one table of methods by metrics (agreement tables, per-group breakdowns, figures) a protocol
+returns as :class:`Extras`, which the runner keeps and the report and MLflow run carry.
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class Targets:
         boxes: per item, its reference boxes (any number, possibly none), or ``None`` when the protocol has none.
         texts: per item, its reference text (a caption), or ``None``.
         concepts: per item, its reference concept set (e.g. UMLS CUIs), or ``None``.
+        groups: ``(N,)`` per-item group labels as text (an agreement stratum, a data source), or ``None``; they
+            travel with their items through a resample, so per-group results can be bootstrapped too.
     """
 
     kind: TargetKind
@@ -116,10 +121,15 @@ class Targets:
     boxes: tuple[tuple[Box, ...], ...] | None = None
     texts: tuple[str, ...] | None = None
     concepts: tuple[frozenset[str], ...] | None = None
+    groups: np.ndarray | None = None
 
-    ITEM_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "reader_labels", "boxes", "texts", "concepts")
+    ITEM_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "reader_labels", "boxes", "texts", "concepts", "groups")
 
     def __post_init__(self) -> None:
+        if self.groups is not None:  # text, so a fingerprint and a CSV read the same labels back
+            object.__setattr__(self, "groups", np.asarray(self.groups).astype(str))
+            if self.groups.ndim != 1:
+                raise ValueError(f"groups must be (N,), got {self.groups.shape}")
         if self.kind not in TARGET_KINDS:
             raise ValueError(f"target kind must be one of {TARGET_KINDS}, got {self.kind!r}")
         shape = (len(self),) if self.kind == "binary" else (len(self), len(self.names))
@@ -133,7 +143,7 @@ class Targets:
             raise ValueError("reader names and reader labels come together")
         if self.reader_labels is not None and self.reader_labels.shape[:2] != (len(self), len(self.readers)):
             raise ValueError(f"reader labels must start with (N, R) = {(len(self), len(self.readers))}")
-        for name in ("boxes", "texts", "concepts"):
+        for name in ("boxes", "texts", "concepts", "groups"):
             value = getattr(self, name)
             if value is not None and len(value) != len(self):
                 raise ValueError(f"{name} has {len(value)} entries for {len(self)} items")
@@ -171,6 +181,8 @@ class Targets:
                 row["text"] = self.texts[i]
             if self.concepts is not None:
                 row["concepts"] = sorted(self.concepts[i])
+            if self.groups is not None:
+                row["group"] = str(self.groups[i])
             rows.append(json.dumps(row, sort_keys=True))
         return rows
 
@@ -277,14 +289,36 @@ class Features:
     """The model's outputs on every image of a draw, in each subset table's row order.
 
     Attributes:
-        encoded: ``(target label, subset name, image column) -> Encoded``: one encoder per target, since a
-            zero-shot score answers one finding's prompts; the embeddings do not depend on the target.
+        encoded: ``(subset name, image column) -> Encoded``: one encoder answers every target, so each image is
+            encoded once and its zero-shot outputs hold one column per target.
+        labels: the target labels in the encoder's column order.
     """
 
-    encoded: Mapping[tuple[str, str, str], Encoded]
+    encoded: Mapping[tuple[str, str], Encoded]
+    labels: tuple[str, ...]
 
-    def get(self, target: str, subset: str, column: str = "path") -> Encoded:
-        return self.encoded[(target, subset, column)]
+    def get(self, subset: str, column: str = "path") -> Encoded:
+        return self.encoded[(subset, column)]
+
+    def column(self, label: str) -> int:
+        """The zero-shot column of target ``label``."""
+        if label not in self.labels:
+            raise KeyError(f"{label!r} is not a target of these features (targets: {', '.join(self.labels)})")
+        return self.labels.index(label)
+
+    def zero_shot(self, label: str, subset: str, column: str = "path") -> np.ndarray:
+        """``(N,)`` zero-shot scores for ``label``: NaN where the model has none (see ``Encoder.has_zero_shot``)."""
+        index, encoded = self.column(label), self.get(subset, column)
+        if encoded.zero_shot is None:
+            return np.full(len(encoded.embeddings), np.nan)
+        return encoded.zero_shot[:, index]
+
+    def decisions(self, label: str, subset: str, column: str = "path") -> np.ndarray:
+        """``(N,)`` the model's own calls for ``label``: False where it has no score."""
+        index, encoded = self.column(label), self.get(subset, column)
+        if encoded.decisions is None:
+            return np.zeros(len(encoded.embeddings), dtype=bool)
+        return encoded.decisions[:, index]
 
 
 @dataclass(eq=False)
@@ -302,6 +336,26 @@ class Outcome:
     methods: dict[str, Prediction | None]
     scores: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Extras:
+    """What a protocol reports beyond its method x metric table (:meth:`Protocol.extras`).
+
+    Attributes:
+        tables: name -> table, logged as ``<name>.csv`` without its index (keep keys in columns); a name may
+            hold a folder (``agreement/kappa``).
+        figures: name -> matplotlib Figure, logged as ``<name>.png`` and closed.
+        sections: markdown blocks printed after the report's notes (and so logged in ``table.md``).
+        metrics: extra MLflow metrics; NaN values are left out, as undefined table values are.
+        params: extra MLflow params.
+    """
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+    sections: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -359,7 +413,8 @@ class Protocol(ABC):
     @property
     @abstractmethod
     def targets(self) -> Sequence[Target]:
-        """The findings the model is asked about, with their prompts: one encoder is loaded per target."""
+        """The findings the model is asked about, with their prompts and classifier outputs: one encoder answers
+        them all, each a column of its zero-shot outputs, in this order."""
 
     @property
     @abstractmethod
@@ -374,8 +429,9 @@ class Protocol(ABC):
         """
 
     @abstractmethod
-    def predict(self, draw: Draw, encoders: Mapping[str, Encoder], features: Features) -> Outcome:
-        """Each method's answers on the test items, from the encoders (by target label) and their outputs."""
+    def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
+        """Each method's answers on the test items, from the encoder (which targets it can score, and how) and its
+        outputs on the draw."""
 
     @abstractmethod
     def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
@@ -383,3 +439,14 @@ class Protocol(ABC):
 
         NaN where a metric is undefined on those items; such resamples are left out of the interval.
         """
+
+    def extras(self, draw: Draw, outcome: Outcome, table: pd.DataFrame, n_boot: int) -> Extras:
+        """What the method x metric ``table`` cannot hold (per-group tables, agreement, figures), computed once
+        the runner has bootstrapped ``table`` (``runner.TABLE_COLUMNS``) with ``n_boot`` resamples. None by
+        default."""
+        return Extras()
+
+    def report_table(self, result: Any) -> str | None:
+        """The printed table for ``result`` (a ``runner.BenchmarkResult``), when the generic one (a row per metric,
+        a column per method) would not read well, e.g. with hundreds of metrics; ``None`` keeps the generic one."""
+        return None

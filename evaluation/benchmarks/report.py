@@ -1,5 +1,6 @@
 """The benchmark's printed report (also logged as ``table.md``): what was measured on which items, the table of
-every method's metrics with intervals, and the notes a reader needs to trust it."""
+every method's metrics with intervals (or the protocol's own layout of it), the notes a reader needs to trust it,
+and the protocol's extra sections."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def format_table(table: pd.DataFrame, methods: Mapping[str, str], metrics: Mappi
 
 def render_report(result: BenchmarkResult) -> str:
     protocol, draw = result.protocol, result.draw
+    table = protocol.report_table(result)
+    if table is None:
+        table = format_table(result.table, protocol.methods, protocol.metrics)
     lines = [
         f"# Benchmark {protocol.name} ({draw.version})",
         "",
@@ -40,8 +44,10 @@ def render_report(result: BenchmarkResult) -> str:
         f"- draw seed {protocol.seed}; {result.n_boot} bootstrap resamples {BOOTSTRAPS[protocol.bootstrap][0]}, "
         "95% percentile CI",
         "",
-        format_table(result.table, protocol.methods, protocol.metrics),
+        table,
         "",
         *[f"- {note}" for note in result.notes],
     ]
+    for section in result.extras.sections:
+        lines += ["", section.rstrip("\n")]
     return "\n".join(lines) + "\n"

@@ -1,10 +1,11 @@
 """The shared runner: any protocol, any model, the same steps.
 
 1. :func:`draw_subsets`: check the version and the data root, then the protocol draws its subsets.
-2. :func:`load_encoders`: one encoder per protocol target (``evaluation.benchmarks.models.load_encoder``).
-3. :func:`encode_draw`: every image column of every subset through every encoder, cached on disk.
+2. :func:`load_model`: one encoder answering all the protocol's targets (``evaluation.benchmarks.models``).
+3. :func:`encode_draw`: every image column of every subset through the encoder once, cached on disk.
 4. ``protocol.predict``: the protocol's methods turn the encoded test (and training) items into answers.
 5. :func:`bootstrap_scores`: the protocol's metrics on all test items and on each resample of its bootstrap.
+6. ``protocol.extras``: whatever the protocol reports beyond that table (per-group tables, figures).
 
 The runner is independent of where the results go: it returns a :class:`BenchmarkResult`;
 :mod:`evaluation.benchmarks.report` prints it and :mod:`evaluation.benchmarks.tracking` logs it.
@@ -23,7 +24,16 @@ import pandas as pd
 from evaluation.benchmarks.embeddings import DEFAULT_CACHE_DIR, encode_subset
 from evaluation.benchmarks.encoders import Encoded, Encoder
 from evaluation.benchmarks.models import load_encoder
-from evaluation.benchmarks.protocol import BOOTSTRAPS, BadInput, Draw, Features, Prediction, Protocol, Targets
+from evaluation.benchmarks.protocol import (
+    BOOTSTRAPS,
+    BadInput,
+    Draw,
+    Extras,
+    Features,
+    Prediction,
+    Protocol,
+    Targets,
+)
 from evaluation.bootstrap import percentile_ci
 
 TABLE_COLUMNS = ["protocol", "metric", "value", "ci_low", "ci_high"]
@@ -37,36 +47,42 @@ class BenchmarkResult:
     Attributes:
         protocol: the protocol that was run.
         draw: its subsets.
-        encoders: target label -> the model's encoder for that target (the first is the model's face in reports).
+        encoder: the model, answering every target of the protocol.
         table: one row per (method, metric): :data:`TABLE_COLUMNS`.
         scores: one row per test item, from the protocol's methods.
         n_boot: bootstrap resamples behind the intervals.
         notes: lines for the reader (missing methods, fit convergence, cache use).
         params: the draw's and the methods' facts, logged as MLflow params.
         cache_hits: subset name -> whether all its encoder outputs came from the cache.
+        extras: what the protocol reports beyond the table (:meth:`Protocol.extras`).
     """
 
     protocol: Protocol
     draw: Draw
-    encoders: dict[str, Encoder]
+    encoder: Encoder
     table: pd.DataFrame
     scores: pd.DataFrame
     n_boot: int
     notes: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     cache_hits: dict[str, bool] = field(default_factory=dict)
-
-    @property
-    def encoder(self) -> Encoder:
-        return next(iter(self.encoders.values()))
+    extras: Extras = field(default_factory=Extras)
 
     def metrics(self) -> dict[str, float]:
-        """Flat ``<method>/<metric>`` (+ ``_ci_low`` / ``_ci_high``) for MLflow; missing methods left out."""
-        out = {}
-        for row in self.table.dropna(subset=["value"]).itertuples():
-            key = f"{row.protocol}/{row.metric}"
-            out.update({key: row.value, f"{key}_ci_low": row.ci_low, f"{key}_ci_high": row.ci_high})
+        """Flat ``<method>/<metric>`` (+ ``_ci_low`` / ``_ci_high``) for MLflow, then the protocol's extra
+        metrics; missing methods and NaN extras left out."""
+        out = table_metrics(self.table)
+        out.update({key: float(value) for key, value in self.extras.metrics.items() if np.isfinite(value)})
         return out
+
+
+def table_metrics(table: pd.DataFrame) -> dict[str, float]:
+    """The metric table as flat MLflow metrics (rows without a value left out)."""
+    out = {}
+    for row in table.dropna(subset=["value"]).itertuples():
+        key = f"{row.protocol}/{row.metric}"
+        out.update({key: row.value, f"{key}_ci_low": row.ci_low, f"{key}_ci_high": row.ci_high})
+    return out
 
 
 def draw_subsets(protocol: Protocol, root: str | Path, version: str | None = None) -> Draw:
@@ -89,41 +105,40 @@ def draw_subsets(protocol: Protocol, root: str | Path, version: str | None = Non
         raise BadInput(f"benchmark {protocol.name} cannot use data root {root}: {error}") from error
 
 
-def load_encoders(protocol: Protocol, spec: str, tracking_uri: str) -> dict[str, Encoder]:
-    """Target label -> the model ``spec`` names, set up for that target; seeded with the protocol's seed.
+def load_model(protocol: Protocol, spec: str, tracking_uri: str) -> Encoder:
+    """The model ``spec`` names, answering all the protocol's targets; seeded with the protocol's seed.
 
     Raises:
         BadInput: an unknown model kind, or a run / model version the store does not have.
     """
     try:
-        return {t.label: load_encoder(spec, t, tracking_uri, seed=protocol.seed) for t in protocol.targets}
+        return load_encoder(spec, protocol.targets, tracking_uri, seed=protocol.seed)
     except (ValueError, LookupError) as error:
         raise BadInput(f"model {spec!r}: {error}") from error
 
 
 def encode_draw(
     draw: Draw,
-    encoders: Mapping[str, Encoder],
+    encoder: Encoder,
     root: str | Path,
     cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
     batch_size: int = 64,
 ) -> tuple[Features, dict[str, bool]]:
-    """Every image column of every subset through every encoder; returns the features and per-subset cache hits.
+    """Every image column of every subset through the encoder, once; returns the features and per-subset cache hits.
 
     A column other than ``path`` (a pair's ``prior_path``) gets its own cache entry, keyed by the subset
     fingerprint and the column name.
     """
-    encoded: dict[tuple[str, str, str], Encoded] = {}
+    encoded: dict[tuple[str, str], Encoded] = {}
     hits: dict[str, bool] = {}
     for name, subset in draw.subsets.items():
         fingerprint, hits[name] = subset.fingerprint, True
-        for label, encoder in encoders.items():
-            for column in subset.images:
-                table = pd.DataFrame({"image_id": subset.ids, "path": subset.table[column].tolist()})
-                key = fingerprint if column == "path" else f"{fingerprint}:{column}"
-                encoded[(label, name, column)], hit = encode_subset(encoder, root, table, key, cache_dir, batch_size)
-                hits[name] = hits[name] and hit
-    return Features(encoded), hits
+        for column in subset.images:
+            table = pd.DataFrame({"image_id": subset.ids, "path": subset.table[column].tolist()})
+            key = fingerprint if column == "path" else f"{fingerprint}:{column}"
+            encoded[(name, column)], hit = encode_subset(encoder, root, table, key, cache_dir, batch_size)
+            hits[name] = hits[name] and hit
+    return Features(encoded, encoder.target_labels), hits
 
 
 def bootstrap_scores(
@@ -154,10 +169,22 @@ def bootstrap_scores(
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
+def check_extras(protocol: Protocol, extras: Extras, table: pd.DataFrame) -> None:
+    """Refuse extras that would overwrite the run's own artifacts or metrics, before any MLflow run exists."""
+    reserved = {"table", "scores"}
+    for kind, names in (("table", extras.tables), ("figure", extras.figures)):
+        clashes = [n for n in names if n in reserved or n.startswith("subsets/") or not n or n.startswith("/")]
+        if clashes:
+            raise ValueError(f"{protocol.name}: extra {kind} name(s) {clashes} clash with the run's own artifacts")
+    clashes = sorted(set(extras.metrics) & set(table_metrics(table)))
+    if clashes:
+        raise ValueError(f"{protocol.name}: extra metric(s) {clashes} clash with the table's")
+
+
 def run_benchmark(
     protocol: Protocol,
     draw: Draw,
-    encoders: Mapping[str, Encoder],
+    encoder: Encoder,
     root: str | Path,
     n_boot: int = 1000,
     cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
@@ -168,20 +195,25 @@ def run_benchmark(
     Args:
         protocol: the protocol.
         draw: its subsets (:func:`draw_subsets`).
-        encoders: target label -> encoder (:func:`load_encoders`).
+        encoder: the model, answering every protocol target (:func:`load_model`).
         root: the data root the subsets' image paths are relative to.
         n_boot: bootstrap resamples (1,000 in the protocols).
         cache_dir: encoder-output cache folder (``None``: no cache).
         batch_size: images per forward pass.
     """
-    features, hits = encode_draw(draw, encoders, root, cache_dir, batch_size)
-    outcome = protocol.predict(draw, encoders, features)
+    missing = [t.label for t in protocol.targets if t.label not in encoder.target_labels]
+    if missing:
+        raise ValueError(f"{protocol.name}: the encoder does not answer target(s) {missing}")
+    features, hits = encode_draw(draw, encoder, root, cache_dir, batch_size)
+    outcome = protocol.predict(draw, encoder, features)
     if list(outcome.methods) != list(protocol.methods):
         raise ValueError(
             f"{protocol.name}: predict answered {list(outcome.methods)}, its methods are {list(protocol.methods)}"
         )
     table = bootstrap_scores(protocol, draw.test.targets, outcome.methods, n_boot)
+    extras = protocol.extras(draw, outcome, table, n_boot)
+    check_extras(protocol, extras, table)
     used = [name for name, hit in hits.items() if hit]
     notes = [*outcome.notes, f"embeddings from the cache: {', '.join(used) if used else 'none (computed now)'}"]
     params = {**draw.params, **outcome.params}
-    return BenchmarkResult(protocol, draw, dict(encoders), table, outcome.scores, n_boot, notes, params, hits)
+    return BenchmarkResult(protocol, draw, encoder, table, outcome.scores, n_boot, notes, params, hits, extras)

@@ -3,8 +3,9 @@
 Params: the model, version, seed, bootstrap size, data root, each subset's fingerprint, size and pool, and the
 protocol's own facts (draw and methods). Tags: the benchmark, version and fingerprints (searchable), the model's
 kind and identity. Metrics: ``<method>/<metric>`` with ``_ci_low`` / ``_ci_high``. Artifacts: ``table.csv``,
-``table.md`` (the printed report), ``scores.csv`` (per test item) and ``subsets/<name>.csv``. The run is created
-only once everything is computed, so a failure never leaves a half-filled run behind.
+``table.md`` (the printed report), ``scores.csv`` (per test item) and ``subsets/<name>.csv``. A protocol's extras
+add their metrics and params, ``<name>.csv`` per table and ``<name>.png`` per figure. The run is created only
+once everything is computed, so a failure never leaves a half-filled run behind.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Param
 
 from evaluation.benchmarks.models import model_kind
+from evaluation.benchmarks.protocol import Extras
 from evaluation.benchmarks.runner import BenchmarkResult
 from training.tracking.run_context import EXPERIMENT_KIND
 from training.tracking.session import git_commit, log_metric_batch
@@ -36,11 +38,8 @@ def experiment_id(client: MlflowClient, name: str, uri: str, artifact_root: str)
 
 
 def zero_shot_kind(result: BenchmarkResult) -> str:
-    """The model's zero-shot score kind (``n/a`` without one); per target when the targets differ."""
-    kinds = {label: e.zero_shot_kind if e.has_zero_shot else "n/a" for label, e in result.encoders.items()}
-    if len(set(kinds.values())) == 1:
-        return next(iter(kinds.values()))
-    return ", ".join(f"{label}: {kind}" for label, kind in kinds.items())
+    """The model's zero-shot score kind, ``n/a`` when it scores none of the targets."""
+    return result.encoder.zero_shot_kind if result.encoder.any_zero_shot else "n/a"
 
 
 def run_params(result: BenchmarkResult, model: str, data_root: str) -> dict[str, object]:
@@ -51,7 +50,7 @@ def run_params(result: BenchmarkResult, model: str, data_root: str) -> dict[str,
         params.update({f"{name}_fingerprint": subset.fingerprint, f"n_{name}": len(subset)})
         if subset.pool is not None:
             params[f"{name}_pool"] = subset.pool
-    return {**params, **result.params, "zero_shot": zero_shot_kind(result)}
+    return {**params, **result.params, **result.extras.params, "zero_shot": zero_shot_kind(result)}
 
 
 def run_tags(result: BenchmarkResult, model: str) -> dict[str, str]:
@@ -62,9 +61,26 @@ def run_tags(result: BenchmarkResult, model: str) -> dict[str, str]:
         **{f"benchmark.{name}_fingerprint": fingerprint for name, fingerprint in draw.fingerprints.items()},
         "model_kind": model_kind(model),
         "model_identity": result.encoder.identity[:5000],
-        "zero_shot_available": str(any(e.has_zero_shot for e in result.encoders.values())).lower(),
+        "zero_shot_available": str(result.encoder.any_zero_shot).lower(),
         "mlflow.source.git.commit": git_commit(),
     }
+
+
+def write_extras(extras: Extras, folder: Path) -> None:
+    """The protocol's extra tables (``<name>.csv``) and figures (``<name>.png``, each closed once written)."""
+    for name, table in extras.tables.items():
+        (folder / f"{name}.csv").parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(folder / f"{name}.csv", index=False)
+    if not extras.figures:
+        return
+    import matplotlib.pyplot as plt  # only protocols with figures pay for matplotlib
+
+    for name, figure in extras.figures.items():
+        try:
+            (folder / f"{name}.png").parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(folder / f"{name}.png", dpi=120, bbox_inches="tight")
+        finally:
+            plt.close(figure)
 
 
 def log_run(client: MlflowClient, experiment: str, result: BenchmarkResult, model: str, data_root: str,
@@ -84,6 +100,7 @@ def log_run(client: MlflowClient, experiment: str, result: BenchmarkResult, mode
             result.scores.to_csv(folder / "scores.csv", index=False)
             for name, subset in result.draw.subsets.items():
                 subset.table.to_csv(folder / "subsets" / f"{name}.csv", index=False)
+            write_extras(result.extras, folder)
             client.log_artifacts(run_id, str(folder))
     except BaseException:
         client.set_terminated(run_id, "FAILED")

@@ -103,11 +103,11 @@ def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(t
     client.set_registered_model_alias("cxrlt-task1", "champion", version.version)
 
     target = PROTOCOL.target
-    encoder = load_encoder("models:/cxrlt-task1@champion", target, run_env["MLFLOW_TRACKING_URI"])
+    encoder = load_encoder("models:/cxrlt-task1@champion", (target,), run_env["MLFLOW_TRACKING_URI"])
     assert isinstance(encoder, PlatformRunEncoder) and encoder.run_id == run.info.run_id
-    assert encoder.image_size == 64 and not encoder.has_zero_shot
+    assert encoder.image_size == 64 and not encoder.any_zero_shot
     with pytest.raises(ModelNotFound, match="no run 'deadbeef'"):
-        load_encoder("deadbeef", target, run_env["MLFLOW_TRACKING_URI"])
+        load_encoder("deadbeef", (target,), run_env["MLFLOW_TRACKING_URI"])
 
     data = tmp_path / "kermany"
     write_kermany(data, train=(140, 380), test=(45, 75))

@@ -11,7 +11,7 @@ import pytest
 from evaluation.benchmarks.catalog import load_protocol
 from evaluation.benchmarks.pneumonia import pools
 from evaluation.benchmarks.report import format_table
-from evaluation.benchmarks.runner import draw_subsets, load_encoders, run_benchmark
+from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import shared_data
 from training.data.adapters.kermany import patient_key
@@ -47,8 +47,8 @@ def test_protocol_draws_on_kermany_dev():
 def test_tiny_random_clip_runs_the_protocol_on_real_images(tmp_path):
     root = shared_data("kermany-dev")
     draw = draw_subsets(PROTOCOL, root, "n100")
-    encoders = load_encoders(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
-    result = run_benchmark(PROTOCOL, draw, encoders, root, n_boot=200, cache_dir=tmp_path / "cache")
+    encoder = load_model(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
+    result = run_benchmark(PROTOCOL, draw, encoder, root, n_boot=200, cache_dir=tmp_path / "cache")
     assert len(result.scores) == 100 and result.scores["label"].sum() == 63
     values = result.table.set_index(["protocol", "metric"])["value"]
     assert np.isfinite(values.to_numpy()).all() and ((values >= 0) & (values <= 1)).all()
@@ -69,8 +69,8 @@ plug-ins (the single-protocol CLI of commit 4318859)."""
 def test_the_plug_in_reproduces_the_single_protocol_benchmark(tmp_path):
     root = shared_data("kermany-dev")
     draw = draw_subsets(PROTOCOL, root, "n100")
-    encoders = load_encoders(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
-    result = run_benchmark(PROTOCOL, draw, encoders, root, n_boot=1000, cache_dir=None)
+    encoder = load_model(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
+    result = run_benchmark(PROTOCOL, draw, encoder, root, n_boot=1000, cache_dir=None)
     assert format_table(result.table, PROTOCOL.methods, PROTOCOL.metrics) == BEFORE_PLUGINS_N100
     metrics = result.metrics()
     assert metrics["probe/auroc"] == pytest.approx(0.8575718575718576, abs=1e-9)

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from sklearn.metrics import accuracy_score, average_precision_score, recall_score, roc_auc_score
 
+from evaluation.benchmarks import platform_models
 from evaluation.benchmarks.catalog import load_protocol
 from evaluation.benchmarks.clip_models import ClipEncoder, parse_clip_spec
 from evaluation.benchmarks.embeddings import cache_key, encode_subset
-from evaluation.benchmarks.encoders import Encoded, Encoder
+from evaluation.benchmarks.encoders import Encoded, Encoder, Target
 from evaluation.benchmarks.metrics import binary_metrics, bootstrap_table, stratified_resamples
 from evaluation.benchmarks.models import MODEL_KINDS, load_encoder, model_kind
+from evaluation.benchmarks.platform_models import PlatformRunEncoder, combine, map_outputs, missing_outputs_note
 from evaluation.benchmarks.pneumonia import PneumoniaProtocol, exclude_shared_patients
 from evaluation.benchmarks.probe import fit_probe, probe_probabilities
 from evaluation.benchmarks.protocol import BadInput, Prediction
@@ -31,6 +35,7 @@ from evaluation.benchmarks.sampling import (
 )
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from training.data.adapters.kermany import patient_key
+from training.data.transforms import GRAY_MEAN, GRAY_STD
 
 PROTOCOL = load_protocol("pneumonia")
 SEED = PROTOCOL.seed
@@ -298,7 +303,7 @@ def test_model_spec_prefix_selects_the_kind(spec, kind):
 
 def test_unknown_model_kind_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model kind 'hub'"):
-        load_encoder("hub:foo", TARGET, "sqlite:///unused.db")
+        load_encoder("hub:foo", (TARGET,), "sqlite:///unused.db")
 
 
 @pytest.mark.parametrize(
@@ -316,32 +321,161 @@ def test_clip_spec_parsing(spec, parsed):
 
 def test_tiny_random_clip_scores_the_prompt_margin(tmp_path):
     spec = write_tiny_clip(tmp_path / "tiny")
-    encoder = load_encoder(spec, TARGET, "sqlite:///unused.db", seed=SEED)
-    assert isinstance(encoder, ClipEncoder) and encoder.image_size == 32 and encoder.has_zero_shot
+    encoder = load_encoder(spec, (TARGET,), "sqlite:///unused.db", seed=SEED)
+    assert isinstance(encoder, ClipEncoder) and encoder.image_size == 32 and encoder.has_zero_shot("Pneumonia")
+    assert encoder.any_zero_shot and encoder.zero_shot_notes == {} and encoder.mapped == {}
     images = np.random.default_rng(0).integers(0, 256, (5, 32, 32), dtype=np.uint8)
     out = encoder.encode(images)
-    assert out.embeddings.shape == (5, 16)
+    assert out.embeddings.shape == (5, 16) and out.zero_shot.shape == out.decisions.shape == (5, 1)
     assert np.allclose(np.linalg.norm(out.embeddings, axis=1), 1.0, atol=1e-5)
-    import torch
-
     with torch.inference_mode():
         text = encoder.model.encode_text(encoder.tokenizer([TARGET.positive_prompt, TARGET.negative_prompt]), True)
     expected = out.embeddings @ text[0].numpy() - out.embeddings @ text[1].numpy()
-    assert np.allclose(out.zero_shot, expected, atol=1e-5)
-    again = load_encoder(spec, TARGET, "sqlite:///unused.db", seed=SEED)  # seeded random init: same model
+    assert np.allclose(out.zero_shot[:, 0], expected, atol=1e-5)
+    assert np.array_equal(out.decisions[:, 0], out.zero_shot[:, 0] > 0)  # the margin's own rule: above 0
+    again = load_encoder(spec, (TARGET,), "sqlite:///unused.db", seed=SEED)  # seeded random init: same model
     assert np.allclose(again.encode(images).zero_shot, out.zero_shot) and again.identity == encoder.identity
-    other = load_encoder(spec, TARGET, "sqlite:///unused.db", seed=SEED + 1)
+    other = load_encoder(spec, (TARGET,), "sqlite:///unused.db", seed=SEED + 1)
     assert not np.allclose(other.encode(images).zero_shot, out.zero_shot) and other.identity != encoder.identity
 
 
+def test_one_clip_encoder_answers_every_target_with_its_own_prompt_direction(tmp_path):
+    spec = write_tiny_clip(tmp_path / "tiny")
+    effusion = Target("Effusion", "a chest x-ray with a pleural effusion", "a chest x-ray without effusion")
+    both = load_encoder(spec, (TARGET, effusion), "sqlite:///unused.db", seed=SEED)
+    assert both.target_labels == ("Pneumonia", "Effusion") and both.column("Effusion") == 1
+    images = np.random.default_rng(1).integers(0, 256, (4, 32, 32), dtype=np.uint8)
+    out = both.encode(images)
+    assert out.zero_shot.shape == (4, 2) and out.zero_shot.dtype == np.float64 and out.decisions.dtype == bool
+    # Each column is the margin a single-target encoder computes for that target alone.
+    for k, target in enumerate((TARGET, effusion)):
+        alone = load_encoder(spec, (target,), "sqlite:///unused.db", seed=SEED).encode(images)
+        assert np.allclose(out.zero_shot[:, k], alone.zero_shot[:, 0], atol=1e-6)
+        assert np.allclose(out.embeddings, alone.embeddings)
+    assert np.array_equal(out.decisions, out.zero_shot > 0)
+    # The cache key (and the model identity) change when only the second target's prompt changes.
+    reworded = Target("Effusion", "a chest x-ray showing pleural fluid", effusion.negative_prompt)
+    changed = load_encoder(spec, (TARGET, reworded), "sqlite:///unused.db", seed=SEED)
+    assert changed.identity != both.identity and cache_key(changed, "fp") != cache_key(both, "fp")
+    assert cache_key(load_encoder(spec, (TARGET, effusion), "sqlite:///unused.db", seed=SEED), "fp") == cache_key(
+        both, "fp"
+    )
+    with pytest.raises(KeyError, match="'Edema' is not a target"):
+        both.column("Edema")
+    with pytest.raises(ValueError, match="target labels must be unique"):
+        load_encoder(spec, (TARGET, TARGET), "sqlite:///unused.db")
+
+
+# --- a platform classifier's outputs -> a protocol's targets ------------------------------------------------------
+
+MODEL_LABELS = ["Atelectasis", "Pleural_Thickening", "Pleural Other", "Pneumonia", "Effusion"]
+
+
+def test_targets_map_to_classifier_outputs_in_any_spelling():
+    assert map_outputs(MODEL_LABELS, Target("Pneumonia", "", "")) == (3,)  # no outputs named: the label itself
+    assert map_outputs(MODEL_LABELS, Target("pneumonia", "", "")) == (3,)
+    thickening = Target("Pleural thickening", "", "", outputs=("pleural thickening", "PLEURAL-OTHER"))
+    assert map_outputs(MODEL_LABELS, thickening) == (1, 2)  # model order, whatever the order named
+    assert map_outputs(MODEL_LABELS, Target("X", "", "", outputs=("pleural_other", "Pleural Other"))) == (2,)
+    assert map_outputs(MODEL_LABELS, Target("Nodule", "", "", outputs=("Nodule", "Mass"))) == ()
+    assert Target("A", "", "", outputs=["b", "c"]).outputs == ("b", "c")  # a YAML list becomes a tuple
+
+
+def test_a_target_scores_the_max_and_calls_any_output_over_its_own_threshold():
+    probs = np.array([
+        # Atel  PlThick PlOther Pneu  Eff
+        [0.10, 0.30, 0.55, 0.20, 0.90],
+        [0.10, 0.45, 0.10, 0.60, 0.10],
+        [0.10, 0.20, 0.35, 0.40, 0.10],
+        [0.10, 0.40, 0.50, 0.50, 0.10],
+    ])  # fmt: skip
+    thresholds = [0.5, 0.4, 0.6, 0.5, 0.5]
+    scores, decisions = combine(probs, (1, 2), thresholds)
+    assert scores.tolist() == [0.55, 0.45, 0.35, 0.5]
+    # Row 0: PlOther 0.55 < its 0.6, PlThick 0.30 < 0.4; row 1: PlThick 0.45 >= 0.4; row 3: 0.40 >= 0.4 (at it).
+    assert decisions.tolist() == [False, True, False, True]
+    # Without the run's thresholds each output is called from 0.5 on.
+    assert combine(probs, (1, 2), None)[1].tolist() == [True, False, False, True]
+    scores, decisions = combine(probs, (3,), thresholds)  # one output: its own probability and threshold
+    assert scores.tolist() == [0.2, 0.6, 0.4, 0.5] and decisions.tolist() == [False, True, False, True]
+    scores, decisions = combine(probs, (), thresholds)
+    assert np.isnan(scores).all() and scores.shape == (4,) and not decisions.any()
+
+
+def test_a_target_without_outputs_says_what_was_looked_for():
+    nodule = Target("Nodule", "", "", outputs=("Nodule", "Mass"))
+    note = missing_outputs_note("run abc (task task1)", MODEL_LABELS, nodule)
+    assert note == (
+        "run abc (task task1) has none of the outputs 'Nodule', 'Mass' (those that answer 'Nodule') "
+        "(its labels: Atelectasis, Pleural_Thickening, Pleural Other, Pneumonia, Effusion), so it has no "
+        "zero-shot score for it"
+    )
+    assert "has no 'Cardiomegaly' output (its labels: Atelectasis" in missing_outputs_note(
+        "run abc", MODEL_LABELS, Target("Cardiomegaly", "", "")
+    )
+
+
+class TinyClassifier(torch.nn.Module):
+    """A platform classifier's shape: ``backbone`` (images -> pooled features) and a linear ``head``."""
+
+    def __init__(self, labels: int):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.backbone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16 * 16, 3))
+            self.head = torch.nn.Linear(3, labels)
+
+
+def test_a_platform_run_answers_every_target_from_its_mapped_outputs(monkeypatch):
+    network = TinyClassifier(len(MODEL_LABELS)).eval()
+    thresholds = [0.5, 0.4, 0.6, 0.45, 0.5]
+    finished = SimpleNamespace(network=network, run_id="r1", checkpoint_sha256="abc", labels=MODEL_LABELS,
+                               thresholds=thresholds, image_size=16, resize="stretch", task="task1", version=None)  # fmt: skip
+    monkeypatch.setattr(platform_models, "load_finished", lambda spec, client: finished)
+    monkeypatch.setattr(platform_models, "tracking_client", lambda uri: None)
+    targets = (TARGET, Target("Pleural thickening", "", "", outputs=("pleural_thickening", "pleural other")),
+               Target("Nodule", "", "", outputs=("Nodule", "Mass")))  # fmt: skip
+    encoder = load_encoder("run:r1", targets, "sqlite:///unused.db")
+    assert isinstance(encoder, PlatformRunEncoder) and encoder.any_zero_shot
+    assert encoder.mapped == {"Pneumonia": ("Pneumonia",), "Pleural thickening": ("Pleural_Thickening", "Pleural Other"),
+                              "Nodule": ()}  # fmt: skip
+    assert [encoder.has_zero_shot(t.label) for t in targets] == [True, True, False]
+    assert list(encoder.zero_shot_notes) == ["Nodule"]
+    assert "none of the outputs 'Nodule', 'Mass'" in encoder.zero_shot_notes["Nodule"]
+    rule = "the probability of Pneumonia is at or above the run's validation threshold 0.45"
+    assert encoder.decision_rule("Pneumonia") == rule
+    images = np.random.default_rng(2).integers(0, 256, (6, 16, 16), dtype=np.uint8)
+    out = encoder.encode(images)
+    with torch.inference_mode():
+        x = (torch.from_numpy(images).float() / 255.0 - GRAY_MEAN) / GRAY_STD
+        probs = torch.sigmoid(network.head(network.backbone(x.unsqueeze(1)))).numpy().astype(np.float64)
+    assert out.zero_shot.shape == out.decisions.shape == (6, 3) and out.embeddings.shape == (6, 3)
+    assert np.array_equal(out.zero_shot[:, 0], probs[:, 3]) and np.array_equal(out.decisions[:, 0], probs[:, 3] >= 0.45)
+    assert np.array_equal(out.zero_shot[:, 1], probs[:, 1:3].max(axis=1))
+    assert np.array_equal(out.decisions[:, 1], (probs[:, 1] >= 0.4) | (probs[:, 2] >= 0.6))
+    assert np.isnan(out.zero_shot[:, 2]).all() and not out.decisions[:, 2].any()
+    # Decisions are cached, so the thresholds they used are part of the identity.
+    finished.thresholds = [0.5, 0.4, 0.6, 0.5, 0.5]
+    assert load_encoder("run:r1", targets, "sqlite:///unused.db").identity != encoder.identity
+    finished.thresholds = None
+    plain = load_encoder("run:r1", targets[:1], "sqlite:///unused.db")
+    assert np.array_equal(plain.encode(images).decisions[:, 0], probs[:, 3] >= 0.5)
+    assert plain.decision_rule("Pneumonia").endswith("the default threshold 0.5")
+    # A model with none of the targets' outputs: embeddings only, for the probe.
+    alone = load_encoder("run:r1", targets[2:], "sqlite:///unused.db")
+    assert not alone.any_zero_shot and alone.encode(images).zero_shot is None
+
+
 class CountingEncoder(Encoder):
-    """Mean intensity as a 1-d embedding; counts how many images it encoded."""
+    """Mean intensity (and its square) as the embedding and the zero-shot probability of every target, called
+    from 0.5 on; counts how many images it encoded."""
 
     image_size = 16
     zero_shot_kind = "probability"
 
-    def __init__(self, name: str = "counting"):
-        self.spec, self.name, self.calls = name, name, 0
+    def __init__(self, name: str = "counting", targets=(TARGET,)):
+        super().__init__(name, targets)
+        self.name, self.calls = name, 0
 
     @property
     def identity(self) -> str:
@@ -350,7 +484,8 @@ class CountingEncoder(Encoder):
     def encode(self, images: np.ndarray) -> Encoded:
         self.calls += len(images)
         mean = images.reshape(len(images), -1).mean(axis=1) / 255.0
-        return Encoded(np.stack([mean, mean**2], axis=1).astype(np.float32), mean)
+        scores = np.repeat(mean[:, None], len(self.targets), axis=1)
+        return Encoded(np.stack([mean, mean**2], axis=1).astype(np.float32), scores, scores >= 0.5)
 
 
 def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
@@ -363,9 +498,16 @@ def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
     second, hit = encode_subset(encoder, tmp_path / "data", draw.test.table, fp, cache, batch_size=32)
     assert hit and encoder.calls == 100  # nothing re-encoded
     assert np.array_equal(first.embeddings, second.embeddings) and np.array_equal(first.zero_shot, second.zero_shot)
+    assert np.array_equal(first.decisions, second.decisions) and second.decisions.dtype == bool
+    assert first.zero_shot.shape == (100, 1) and second.zero_shot.dtype == np.float64
     assert cache_key(encoder, fp) != cache_key(CountingEncoder("other weights"), fp)
     assert cache_key(encoder, fp) != cache_key(encoder, draw.fingerprints["train"])
-    result = run_benchmark(PROTOCOL, draw, {"Pneumonia": encoder}, tmp_path / "data", n_boot=50, cache_dir=cache)
+    # The key also follows the targets the scores answer: other prompts, other outputs, another target.
+    for targets in [(Target("Pneumonia", "a chest x-ray with pneumonia", TARGET.negative_prompt),),
+                    (Target("Pneumonia", TARGET.positive_prompt, TARGET.negative_prompt, ("Consolidation",)),),
+                    (TARGET, Target("Edema", "edema", "no edema"))]:  # fmt: skip
+        assert cache_key(CountingEncoder(targets=targets), fp) != cache_key(encoder, fp)
+    result = run_benchmark(PROTOCOL, draw, encoder, tmp_path / "data", n_boot=50, cache_dir=cache)
     assert result.cache_hits == {"train": False, "test": True} and encoder.calls == 600
     assert result.notes[-1] == "embeddings from the cache: test"
     assert result.params == {"excluded_train_images": 4, "probe_C": 1.0, "probe_max_iter": 2000}
@@ -373,7 +515,9 @@ def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
     metrics = result.metrics()
     assert metrics["zero_shot/auroc"] > 0.9 and metrics["probe/auroc"] > 0.9
     assert len(result.scores) == 100 and set(result.scores["label"]) == {0, 1}
-    assert ((result.scores["zero_shot_score"] > 0.5) == result.scores["zero_shot_pneumonia"].astype(bool)).all()
+    # The model's own call (this encoder's: from 0.5 on), not a threshold the benchmark picks.
+    assert ((result.scores["zero_shot_score"] >= 0.5) == result.scores["zero_shot_pneumonia"].astype(bool)).all()
+    assert "zero-shot score: probability, pneumonia when at or above 0.5" in result.notes
     assert list(itertools.chain(result.scores.columns)) == [
         "image_id", "path", "patient_id", "label", "zero_shot_score", "zero_shot_pneumonia", "probe_probability",
         "probe_pneumonia",

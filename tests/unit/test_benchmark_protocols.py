@@ -1,8 +1,11 @@
 """Benchmarks as plug-ins: the catalog of configs/benchmark/, the YAML -> protocol loading, the command line's
-messages, the interface types, and a toy protocol of another shape (image pairs, two findings, three readers,
-plain bootstrap) run through the same shared runner and command line as pneumonia."""
+messages, the interface types, and a toy protocol of another shape (image pairs, two findings, three readers, two
+sites, plain bootstrap, extras beyond its table) run through the same shared runner and command line as
+pneumonia."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -10,11 +13,12 @@ import pytest
 from mlflow import MlflowClient
 from sklearn.metrics import cohen_kappa_score
 
-from evaluation.benchmarks import cli
+from evaluation.benchmarks import cli, runner
 from evaluation.benchmarks.catalog import CONFIG_DIR, available, load_protocol
 from evaluation.benchmarks.encoders import Encoded, Encoder, Target
-from evaluation.benchmarks.protocol import BOOTSTRAPS, BadInput, Box, Prediction, Targets
-from evaluation.benchmarks.runner import draw_subsets, run_benchmark
+from evaluation.benchmarks.protocol import BOOTSTRAPS, BadInput, Box, Extras, Features, Prediction, Targets
+from evaluation.benchmarks.report import render_report
+from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from evaluation.benchmarks.sampling import fingerprint
 from evaluation.bootstrap import percentile_ci, resample_indices
 from tests.benchmark_data import (
@@ -22,6 +26,7 @@ from tests.benchmark_data import (
     READERS,
     ToyProgressionProtocol,
     toy_reading,
+    toy_site,
     toy_truth,
     write_pairs,
     write_tiny_clip,
@@ -54,7 +59,7 @@ def test_no_name_lists_the_protocols_and_exits_zero(capsys, tmp_path):
     ("argv", "message"),
     [
         (["--name", "pneumonai", "--model", "clip:x", "--data-root", "."],
-         f"make benchmark: unknown benchmark 'pneumonai'; known: pneumonia (configs in {CONFIG_DIR})"),
+         f"make benchmark: unknown benchmark 'pneumonai'; known: {', '.join(available())} (configs in {CONFIG_DIR})"),
         (["--name", "pneumonia", "--model", "clip:x", "--data-root", ".", "--version", "n50"],
          "make benchmark: unknown version 'n50' of benchmark pneumonia; choose one of full, n100"),
         (["--name", "pneumonia", "--model", "clip:x", "--data-root", "/nonexistent/kermany"],
@@ -109,10 +114,12 @@ def test_targets_resample_every_per_item_field_together():
         "multilabel", ("A", "B"), np.array([[1, 0], [0, 0], [1, 1]]), readers=("r1", "r2"),
         reader_labels=np.array([[[1, 0], [1, 1]], [[0, 0], [0, 1]], [[1, 1], [1, 1]]]), boxes=boxes,
         texts=("a", "none", "a and b"), concepts=(frozenset({"C1"}), frozenset(), frozenset({"C1", "C2"})),
+        groups=np.array(["low", "high", "high"]),
     )  # fmt: skip
     index = np.array([2, 2, 0])
     taken = targets.take(index)
     assert taken.labels.tolist() == [[1, 1], [1, 1], [1, 0]] and taken.reader_labels.shape == (3, 2, 2)
+    assert taken.groups.tolist() == ["high", "high", "low"]
     assert taken.boxes == (boxes[2], boxes[2], boxes[0]) and taken.texts == ("a and b", "a and b", "a")
     assert taken.concepts[2] == frozenset({"C1"}) and taken.names == ("A", "B") and taken.readers == ("r1", "r2")
     prediction = Prediction(np.array([0.1, 0.2, 0.3]), np.array([False, False, True]), texts=("x", "y", "z"))
@@ -122,12 +129,19 @@ def test_targets_resample_every_per_item_field_together():
     changed = targets.reader_labels.copy()
     changed[1, 1, 1] = 0
     other = Targets("multilabel", ("A", "B"), targets.labels, readers=("r1", "r2"), reader_labels=changed,
-                    boxes=boxes, texts=targets.texts, concepts=targets.concepts)  # fmt: skip
+                    boxes=boxes, texts=targets.texts, concepts=targets.concepts, groups=targets.groups)  # fmt: skip
     assert fingerprint(ids, targets.row_keys()) != fingerprint(ids, other.row_keys())
+    regrouped = dataclasses.replace(targets, groups=np.array(["low", "low", "high"]))
+    assert fingerprint(ids, targets.row_keys()) != fingerprint(ids, regrouped.row_keys())
     assert fingerprint(ids[::-1], targets.row_keys()[::-1]) == fingerprint(ids, targets.row_keys())
     # A bare binary reference keeps the fingerprint the pneumonia subsets always had.
     binary = Targets("binary", ("Pneumonia",), np.array([1, 0, 1]))
     assert fingerprint(ids, binary.row_keys()) == fingerprint(ids, [1.0, 0.0, 1.0])
+    # Groups are per item (text, whatever they were given as) and enter the fingerprint only when present.
+    sited = Targets("binary", ("Pneumonia",), np.array([1, 0, 1]), groups=[1, 2, 2])
+    assert sited.groups.tolist() == ["1", "2", "2"] and sited.take(np.array([1, 0])).groups.tolist() == ["2", "1"]
+    assert fingerprint(ids, sited.row_keys()) != fingerprint(ids, binary.row_keys())
+    assert '"group": "2"' in sited.row_keys()[1]
 
 
 def test_targets_refuse_inconsistent_shapes():
@@ -137,6 +151,10 @@ def test_targets_refuse_inconsistent_shapes():
         Targets("multiclass", ("A",), np.zeros((2, 1), int))
     with pytest.raises(ValueError, match="texts has 1 entries for 2 items"):
         Targets("binary", ("A",), np.zeros(2), texts=("x",))
+    with pytest.raises(ValueError, match="groups has 3 entries for 2 items"):
+        Targets("binary", ("A",), np.zeros(2), groups=np.array(["a", "b", "c"]))
+    with pytest.raises(ValueError, match=r"groups must be \(N,\)"):
+        Targets("binary", ("A",), np.zeros(2), groups=np.array([["a"], ["b"]]))
     with pytest.raises(ValueError, match="use bootstrap: plain"):
         Targets("multilabel", ("A", "B"), np.zeros((2, 2))).strata()
     progression = Targets("multiclass", ("Effusion",), np.array([[0], [2], [1]]), classes=("better", "same", "worse"))
@@ -146,13 +164,35 @@ def test_targets_refuse_inconsistent_shapes():
 # --- a toy protocol of another shape through the shared runner ---------------------------------------------------
 
 
+def test_encoded_outputs_and_features_keep_one_column_per_target():
+    embeddings = np.zeros((3, 2), np.float32)
+    scores = np.array([[0.1, np.nan], [0.7, np.nan], [0.4, np.nan]])
+    decisions = np.array([[False, False], [True, False], [False, False]])
+    features = Features({("test", "path"): Encoded(embeddings, scores, decisions)}, ("A", "B"))
+    assert features.zero_shot("A", "test").tolist() == [0.1, 0.7, 0.4] and features.decisions("A", "test").tolist() == [
+        False, True, False,
+    ]  # fmt: skip
+    assert np.isnan(features.zero_shot("B", "test")).all()
+    assert features.get("test") is features.encoded[("test", "path")]
+    bare = Features({("test", "path"): Encoded(embeddings)}, ("A",))  # a model without any zero-shot score
+    assert np.isnan(bare.zero_shot("A", "test")).all() and not bare.decisions("A", "test").any()
+    with pytest.raises(KeyError, match="'C' is not a target"):
+        features.zero_shot("C", "test")
+    with pytest.raises(ValueError, match="come together"):
+        Encoded(embeddings, scores)
+    with pytest.raises(ValueError, match=r"zero_shot must be \(N, T\)"):
+        Encoded(embeddings, scores[:, 0], decisions[:, 0])
+
+
 class HalfBrightness(Encoder):
-    """Zero-shot score = mean brightness of the image's left half (Effusion) or right half (Edema)."""
+    """Zero-shot score per target = mean brightness of the image's left half (Effusion) or right half (Edema),
+    called from 0.5 on; counts the images it encoded."""
 
     image_size = 16
 
-    def __init__(self, target: Target):
-        self.spec, self.side = f"halves:{target.label}", 0 if target.label == "Effusion" else 1
+    def __init__(self, spec: str, targets: tuple[Target, ...], tracking_uri: str | None = None, seed: int = 0):
+        super().__init__(spec, targets, tracking_uri, seed)
+        self.sides = [0 if t.label == "Effusion" else 1 for t in self.targets]
         self.images = 0
 
     @property
@@ -162,7 +202,42 @@ class HalfBrightness(Encoder):
     def encode(self, images: np.ndarray) -> Encoded:
         self.images += len(images)
         halves = images.reshape(len(images), 16, 2, 8).mean(axis=(1, 3)) / 255.0  # (B, 2): left, right
-        return Encoded(halves.astype(np.float32), halves[:, self.side])
+        scores = halves[:, self.sides]  # (B, T)
+        return Encoded(halves.astype(np.float32), scores, scores >= 0.5)
+
+
+def test_one_encoder_is_loaded_and_each_image_column_encoded_once_for_two_targets(tmp_path, monkeypatch):
+    write_pairs(tmp_path / "data", n=24)
+    protocol = load_protocol("toy", write_toy_config(tmp_path / "configs"))
+    draw = draw_subsets(protocol, tmp_path / "data")
+    loads, encodes = [], []
+    real_encode_subset = runner.encode_subset
+
+    def spy_load(spec, targets, tracking_uri, seed=0):
+        loads.append((spec, tuple(targets), seed))
+        return HalfBrightness(spec, targets, tracking_uri, seed)
+
+    def spy_encode(encoder, root, table, key, *args):
+        encodes.append(key)
+        return real_encode_subset(encoder, root, table, key, *args)
+
+    monkeypatch.setattr(runner, "load_encoder", spy_load)
+    monkeypatch.setattr(runner, "encode_subset", spy_encode)
+    encoder = load_model(protocol, "halves", "sqlite:///unused.db")
+    assert loads == [("halves", tuple(protocol.targets), 7)]  # one load answering both findings
+    result = run_benchmark(protocol, draw, encoder, tmp_path / "data", n_boot=20, cache_dir=None)
+    fp = draw.test.fingerprint
+    assert encodes == [f"{fp}:prior_path", fp] and encoder.images == 2 * 24  # once per column, not per target
+    assert result.encoder is encoder and result.scores["model_change_edema"].notna().all()
+
+    def failing_load(spec, targets, tracking_uri, seed=0):
+        raise LookupError("no run 'deadbeef'")
+
+    monkeypatch.setattr(runner, "load_encoder", failing_load)
+    with pytest.raises(BadInput, match="model 'deadbeef': no run 'deadbeef'"):
+        load_model(protocol, "deadbeef", "sqlite:///unused.db")
+    with pytest.raises(ValueError, match=r"does not answer target\(s\) \['Edema'\]"):
+        run_benchmark(protocol, draw, HalfBrightness("halves", protocol.targets[:1]), tmp_path / "data", n_boot=0)
 
 
 def test_pairs_with_three_readers_and_two_findings_run_through_the_shared_runner(tmp_path):
@@ -174,10 +249,11 @@ def test_pairs_with_three_readers_and_two_findings_run_through_the_shared_runner
     assert truth.labels.tolist() == [list(toy_truth(i)) for i in range(24)]  # the majority of the three readers
     assert truth.boxes[0][0] == Box("Effusion", 0, 0, 8, 16, 16, 16, reader="reader_a")
     assert truth.texts[1] == "effusion stable; edema worse"
-    encoders = {t.label: HalfBrightness(t) for t in protocol.targets}
-    result = run_benchmark(protocol, draw, encoders, tmp_path / "data", n_boot=300, cache_dir=tmp_path / "cache")
-    # Every image column of every subset through every target's encoder, each with its own cache entry.
-    assert [e.images for e in encoders.values()] == [48, 48] and len(list((tmp_path / "cache").glob("*.npz"))) == 4
+    assert truth.groups.tolist() == [toy_site(i) for i in range(24)]
+    encoder = HalfBrightness("halves", protocol.targets)
+    result = run_benchmark(protocol, draw, encoder, tmp_path / "data", n_boot=300, cache_dir=tmp_path / "cache")
+    # Every image column of every subset through the one encoder, each column with its own cache entry.
+    assert encoder.images == 48 and len(list((tmp_path / "cache").glob("*.npz"))) == 2
     table = result.table.set_index(["protocol", "metric"])
     assert len(result.table) == 4 * 3
     # The model sees exactly which half brightened: perfect agreement with the majority, and reader_a is it.
@@ -197,9 +273,38 @@ def test_pairs_with_three_readers_and_two_findings_run_through_the_shared_runner
     assert result.metrics()["reader_c/kappa_edema"] < 1.0 and list(result.scores.columns) == [
         "item_id", "model_change_effusion", "model_change_edema",
     ]  # fmt: skip
-    again = run_benchmark(protocol, draw, encoders, tmp_path / "data", n_boot=300, cache_dir=tmp_path / "cache")
-    assert again.cache_hits == {"test": True} and [e.images for e in encoders.values()] == [48, 48]
+    # The extras: per-site kappas from the groups (reader_b's Effusion misreads on the ward's items 1 and 13).
+    by_site = result.extras.tables["kappa_by_site"].set_index(["site", "method"])
+    ward = [i for i in range(24) if toy_site(i) == "ward"]
+    expected_ward = cohen_kappa_score(truth.labels[ward, 0], reader_b[ward])
+    assert by_site.loc[("ward", "reader_b"), "kappa_mean"] == pytest.approx((expected_ward + 1.0) / 2)
+    assert by_site.loc[("clinic", "model"), "kappa_mean"] == 1.0 and by_site.loc[("ward", "model"), "n"] == 12
+    weakest = min(table.loc[(r, "kappa_mean"), "value"] for r in READERS)
+    assert result.metrics()["readers/weakest_kappa_mean"] == weakest and "readers/undefined" not in result.metrics()
+    again = run_benchmark(protocol, draw, encoder, tmp_path / "data", n_boot=300, cache_dir=tmp_path / "cache")
+    assert again.cache_hits == {"test": True} and encoder.images == 48
     pd.testing.assert_frame_equal(again.table, result.table)
+    # A protocol may lay out its own table; the report prints it instead of the generic one, extras after notes.
+    report = render_report(result)
+    assert "| metric (95% CI) | Model | Reader A | Reader B | Reader C |" in report
+    assert report.index("- embeddings from the cache") < report.index("## Mean kappa by site\n")
+    custom = type("Custom", (ToyProgressionProtocol,), {"report_table": lambda self, result: "CUSTOM TABLE"})
+    custom = custom("toy", "", 7, {"all": None}, list(FINDINGS), {f: f for f in FINDINGS})
+    report = render_report(dataclasses.replace(result, protocol=custom))
+    assert "\nCUSTOM TABLE\n" in report and "| metric (95% CI) |" not in report
+
+
+def test_extras_may_not_overwrite_the_runs_own_artifacts_or_metrics(tmp_path):
+    write_pairs(tmp_path / "data", n=12)
+    encoder = HalfBrightness("halves", tuple(load_protocol("toy", write_toy_config(tmp_path / "c")).targets))
+    for extras, message in ((Extras(tables={"scores": pd.DataFrame()}), "extra table name"),
+                            (Extras(figures={"subsets/test": None}), "extra figure name"),
+                            (Extras(metrics={"model/kappa_mean": 0.5}), "extra metric")):  # fmt: skip
+        clashing = type("Clashing", (ToyProgressionProtocol,), {"extras": lambda self, *args, e=extras: e})
+        protocol = clashing("toy", "", 7, {"all": None}, list(FINDINGS), {f: f for f in FINDINGS})
+        with pytest.raises(ValueError, match=message):
+            run_benchmark(protocol, draw_subsets(protocol, tmp_path / "data"), encoder, tmp_path / "data", n_boot=0,
+                          cache_dir=None)  # fmt: skip
 
 
 def test_the_toy_protocol_through_the_command_line_into_mlflow(tmp_path, capsys):
@@ -214,6 +319,8 @@ def test_the_toy_protocol_through_the_command_line_into_mlflow(tmp_path, capsys)
     assert out.startswith("# Benchmark toy (first12)\n") and "- test: 12 studies" in out
     assert "50 bootstrap resamples of the test items" in out
     assert "| metric (95% CI) | Model | Reader A | Reader B | Reader C |" in out and "| Kappa, Effusion |" in out
+    assert "\n## Mean kappa by site\n\n| site | method | items | mean kappa |\n" in out
+    assert "| ward | reader_a | 6 | 1.000 |" in out
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("benchmark-toy").experiment_id])
     params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
@@ -229,3 +336,18 @@ def test_the_toy_protocol_through_the_command_line_into_mlflow(tmp_path, capsys)
     assert len(pd.read_csv(f"{folder}/table.csv")) == 4 * 3 and set(READERS) < set(
         pd.read_csv(f"{folder}/table.csv")["protocol"]
     )
+    # The protocol's extras: a table, a figure, a section (in table.md too), a metric and a param.
+    by_site = pd.read_csv(f"{folder}/kappa_by_site.csv")
+    assert list(by_site.columns) == ["site", "method", "n", "kappa_mean"] and len(by_site) == 2 * 4
+    assert set(by_site["site"]) == {"ward", "clinic"} and (by_site["n"] == 6).all()
+    with open(f"{folder}/kappa_mean.png", "rb") as png:
+        assert png.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(f"{folder}/table.md") as markdown:
+        assert "## Mean kappa by site" in markdown.read()
+    weakest = min(metrics[f"{reader}/kappa_mean"] for reader in READERS)
+    assert metrics["readers/weakest_kappa_mean"] == weakest and "readers/undefined" not in metrics
+    assert params["sites"] == "clinic, ward"
+    assert params["zero_shot"] == "margin" and tags["zero_shot_available"] == "true"
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []  # every figure closed once logged

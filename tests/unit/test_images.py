@@ -113,3 +113,44 @@ def test_pad_keeps_aspect_and_crop_keeps_centre():
 
 def test_to_uint8_constant_image_does_not_divide_by_zero():
     assert (to_uint8(np.full((4, 4), 1234, np.uint16)) == 0).all()
+
+
+def write_8bit_dicom(path, pixels, photometric="MONOCHROME2"):
+    """An 8-bit image as DICOM with the identity window (centre 128, width 256); MONOCHROME1 stores it inverted."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = SecondaryCaptureImageStorage, generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.Rows, ds.Columns = pixels.shape
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.WindowCenter, ds.WindowWidth = 128, 256
+    stored = 255 - pixels if photometric == "MONOCHROME1" else pixels
+    ds.PixelData = stored.astype(np.uint8).tobytes()
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+@pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
+def test_8bit_dicom_with_the_identity_window_decodes_to_its_png_pixels(tmp_path, photometric):
+    image = np.random.default_rng(1).integers(0, 256, (30, 20)).astype(np.uint8)
+    image[0, 0], image[0, 1] = 37, 200  # neither extreme needed: no stretch between the image's own min and max
+    image = np.clip(image, 20, 230).astype(np.uint8)
+    cv2.imwrite(str(tmp_path / "a.png"), image)
+    decoded = decode(write_8bit_dicom(tmp_path / "a.dcm", image, photometric))
+    assert decoded.dtype == np.uint8 and np.array_equal(decoded, image)
+    assert np.array_equal(read_grayscale(tmp_path / "a.dcm", 16), read_grayscale(tmp_path / "a.png", 16))
+
+
+def test_a_window_maps_onto_the_display_range_with_monochrome1_inverted_within_it(tmp_path):
+    stored = gradient(high=4000, dtype=np.uint16)
+    mono2 = decode(write_dicom(tmp_path / "m2.dcm", stored, window=(2048, 4096)))
+    mono1 = decode(write_dicom(tmp_path / "m1.dcm", stored, photometric="MONOCHROME1", window=(2048, 4096)))
+    # the window covers 0..4095, so a stored 4000 shows at 4000/4095 of the display range, not at its top
+    assert mono2.dtype == np.uint8 and mono2[0, 0] == 0 and mono2[0, -1] == round(4000 / 4095 * 255)
+    assert np.array_equal(mono1.astype(int), 255 - mono2.astype(int))

@@ -9,13 +9,36 @@ import numpy as np
 from training.data.decode_errors import ImageDecodeError
 
 
+def window_output_range(dataset) -> tuple[float, float]:
+    """The range a linear VOI window maps onto, by the rule pydicom's ``apply_windowing`` follows (DICOM PS3.3
+    C.11.2.1.2): the stored bit depth's range, signed or not, moved by the rescale slope and intercept."""
+    bits = int(dataset.BitsStored)
+    if dataset.get("ModalityLUTSequence"):
+        low, high = 0.0, float(2 ** int(dataset.ModalityLUTSequence[0].LUTDescriptor[2]) - 1)
+    elif int(getattr(dataset, "PixelRepresentation", 0)) == 0:
+        low, high = 0.0, float(2**bits - 1)
+    else:
+        low, high = float(-(2 ** (bits - 1))), float(2 ** (bits - 1) - 1)
+    slope, intercept = dataset.get("RescaleSlope"), dataset.get("RescaleIntercept")
+    if slope is not None and intercept is not None:
+        low, high = sorted((low * float(slope) + float(intercept), high * float(slope) + float(intercept)))
+    return low, high
+
+
 def read_dicom(path: str | Path) -> np.ndarray:
-    """Decode a DICOM file to a float32 2-D array where brighter means more attenuation.
+    """Decode a DICOM file to a 2-D array where brighter means more attenuation.
 
     The modality LUT (rescale slope/intercept) and then the first VOI LUT or window stored in the file are
     applied, so the intensities are those the acquiring site chose to display. MONOCHROME1 images store
     attenuation as dark; they are inverted so every image shares MONOCHROME2's convention (bone bright),
     otherwise a model sees two opposite kinds of radiograph.
+
+    A file with a window (centre/width) already says how to display it: the window's output range is the
+    display range, so the result is returned as uint8 display values (the window's range onto 0..255,
+    MONOCHROME1 inverted within it) and is not stretched again. That is also what makes an 8-bit image saved as
+    DICOM with the identity window (centre 128, width 256) decode to exactly its PNG's pixels. Without a window
+    the float values of the modality LUT are returned (inverted between their own extremes for MONOCHROME1) and
+    :func:`training.data.images.to_uint8` stretches them.
 
     Raises:
         ImageDecodeError: not a DICOM file, no pixel data, an unsupported compression, or truncated pixel data.
@@ -33,6 +56,12 @@ def read_dicom(path: str | Path) -> np.ndarray:
     values = apply_voi_lut(apply_modality_lut(pixels, dataset), dataset, index=0).astype(np.float32)
     if values.ndim == 3:  # colour DICOM (secondary captures): mean of the channels
         values = values.mean(axis=2)
-    if str(getattr(dataset, "PhotometricInterpretation", "")).upper() == "MONOCHROME1":
+    inverted = str(getattr(dataset, "PhotometricInterpretation", "")).upper() == "MONOCHROME1"
+    if "WindowCenter" in dataset and "WindowWidth" in dataset and not dataset.get("VOILUTSequence"):
+        low, high = window_output_range(dataset)
+        display = np.clip((values.astype(np.float64) - low) / max(high - low, 1e-12), 0.0, 1.0)
+        display = 1.0 - display if inverted else display
+        return np.round(display * 255.0).astype(np.uint8)
+    if inverted:
         values = values.max() + values.min() - values
     return values

@@ -46,3 +46,40 @@ def canonical_name(name: str, vocabulary: Iterable[str] = KNOWN_FINDINGS) -> str
         return by_key[key]
     target = ALIASES.get(key)
     return target if target in vocabulary else None
+
+
+#: REVEAL-CXR's 12 benchmark labels (docs/benchmarks.md, REVEAL-CXR), in the benchmark's own spelling.
+REVEAL_LABELS: tuple[str, ...] = (
+    "airspace opacity", "aneurysm", "cardiomegaly", "COPD", "hiatal hernia", "interstitial opacity", "lung mass",
+    "lung nodule", "lymphadenopathy", "pleural effusion", "pleural thickening", "pneumothorax",
+)  # fmt: skip
+
+#: Benchmark label -> (model outputs that answer it, in any release's spelling; why those). A platform model's score
+#: for the label is the highest probability among the outputs it has; a label none of whose outputs it has is
+#: reported as n/a with the reason, never dropped.
+REVEAL_OUTPUTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "airspace opacity": (
+        ("Airspace Opacity", "Consolidation", "Pneumonia", "Infiltration", "Infiltrate", "Alveolar Pattern"),
+        "alveolar filling: the highest of the consolidation-, pneumonia- and infiltration-type outputs",
+    ),
+    "aneurysm": (
+        ("Aneurysm", "Aortic Aneurysm"),
+        "only an output named for aneurysm: aortic elongation and atheromatosis are not a focal dilation",
+    ),
+    "cardiomegaly": (("Cardiomegaly",), "same finding"),
+    "COPD": (
+        ("COPD", "Chronic Obstructive Pulmonary Disease", "Emphysema", "Hyperinflated Lung"),
+        "emphysema and hyperinflation are the radiographic signs the benchmark's definition names",
+    ),
+    "hiatal hernia": (("Hiatal Hernia", "Hernia"), "NIH's and PadChest's hernia is almost always hiatal"),
+    "interstitial opacity": (
+        ("Interstitial Opacity", "Interstitial Pattern", "Fibrosis"),
+        "linear/reticular opacities: the interstitial-pattern and fibrosis outputs",
+    ),
+    "lung mass": (("Lung Mass", "Mass"), "same finding (> 3 cm)"),
+    "lung nodule": (("Lung Nodule", "Nodule"), "same finding (<= 3 cm)"),
+    "lymphadenopathy": (("Lymphadenopathy", "Adenopathy"), "PadChest's name for the same finding"),
+    "pleural effusion": (("Pleural Effusion", "Effusion"), "NIH's name for the same finding"),
+    "pleural thickening": (("Pleural Thickening",), "same finding"),
+    "pneumothorax": (("Pneumothorax",), "same finding"),
+}

@@ -1,0 +1,123 @@
+"""Small REVEAL-CXR stand-ins for the tests: a multi-reader folder in the NIH expert relabelling's shape, its DICOM
+copy, and a release-shaped folder (label table + one DICOM folder per study)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pandas as pd
+
+FINDINGS = ("airspace_opacity", "nodule_mass", "pneumothorax", "fracture")
+READERS = ("4295232296", "4323195249", "4326829894", "0042")  # ids are text: one has a leading zero
+
+
+def truth(i: int) -> dict[str, int]:
+    return {"airspace_opacity": int(i % 2 == 0), "nodule_mass": int(i % 3 == 0), "pneumothorax": int(i % 5 == 0),
+            "fracture": int(i % 7 == 0)}  # fmt: skip
+
+
+def write_reader_folder(root: Path, n: int = 24, size: int = 40, seed: int = 0) -> pd.DataFrame:
+    """``n`` PNG images, three of the four readers per image (rotating), ``reads.csv`` and ``adjudicated.csv``.
+
+    Reader ``0042`` misreads airspace opacity on images 1, 5, 9, ... (it reads them all), and the
+    reader ``4326829894`` leaves nodule/mass blank (hedged) on image 1. Opacity brightens the left half, a
+    nodule/mass the right half, so a model has something to find. Returns the reads table.
+    """
+    rng = np.random.default_rng(seed)
+    rows, adjudicated = [], []
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        t = truth(i)
+        image = rng.normal(90, 12, (size, size))
+        image[:, : size // 2] += 50 * t["airspace_opacity"]
+        image[:, size // 2 :] += 50 * t["nodule_mass"]
+        rel = f"images/{i:08d}_000.png"
+        cv2.imwrite(str(root / rel), np.clip(image, 0, 255).astype(np.uint8))
+        for r in range(3):
+            reader = READERS[(i + r) % len(READERS)]
+            read = dict(t)
+            if reader == "0042" and i % 4 == 1:
+                read["airspace_opacity"] = 1 - read["airspace_opacity"]
+            hedged = ""
+            if reader == "4326829894" and i == 1:
+                read["nodule_mass"], hedged = "", "nodule_mass"
+            rows.append({"image": rel, "patient_id": f"{i // 2:05d}", "reader_id": reader, **read, "hedged": hedged})
+        adjudicated.append({"image": rel, "patient_id": f"{i // 2:05d}", "view": ("PA", "AP")[i % 2], **t,
+                            "subset": ("released", "holdout")[i % 2]})  # fmt: skip
+    reads = pd.DataFrame(rows)
+    reads.to_csv(root / "reads.csv", index=False)
+    pd.DataFrame(adjudicated).to_csv(root / "adjudicated.csv", index=False)
+    return reads
+
+
+def write_dicom(path: Path, pixels: np.ndarray, photometric: str = "MONOCHROME2", tags: dict | None = None,
+                pixel_data: bool = True) -> Path:  # fmt: skip
+    """An 8-bit radiograph as DICOM with the identity window (centre 128, width 256): it decodes to ``pixels``.
+    MONOCHROME1 stores the inverted values, as such a file would."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import DigitalXRayImageStorageForPresentation, ExplicitVRLittleEndian, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = DigitalXRayImageStorageForPresentation
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.Modality = "DX"
+    ds.Rows, ds.Columns = pixels.shape
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.WindowCenter, ds.WindowWidth = 128, 256
+    for key, value in (tags or {}).items():
+        setattr(ds, key, value)
+    if pixel_data:
+        stored = 255 - pixels if photometric == "MONOCHROME1" else pixels
+        ds.PixelData = np.ascontiguousarray(stored, dtype=np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def acquisition_tags(i: int) -> dict:
+    return {"Manufacturer": ("Acme", "Zenith")[i % 2], "ManufacturerModelName": "DR-1", "ViewPosition": ("PA", "AP")[i % 2],
+            "KVP": 100 + 5 * (i % 4), "Exposure": 2 + i % 3, "PixelSpacing": [0.139, 0.139]}  # fmt: skip
+
+
+def dicom_copy(source: Path, target: Path) -> None:
+    """The reader folder with every image as DICOM (alternately MONOCHROME2 and MONOCHROME1, with acquisition tags):
+    the same study ids, the tables pointing at ``.dcm`` files."""
+    from training.data.images import decode
+
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("reads.csv", "adjudicated.csv"):
+        table = pd.read_csv(source / name, dtype=str, keep_default_na=False)
+        table["image"] = table["image"].str.replace(".png", ".dcm", regex=False)
+        table.to_csv(target / name, index=False)
+    images = sorted(pd.read_csv(source / "reads.csv", dtype=str)["image"].unique())
+    for i, rel in enumerate(images):
+        pixels = decode(source / rel)
+        photometric = ("MONOCHROME2", "MONOCHROME1")[i % 2]
+        write_dicom(target / rel.replace(".png", ".dcm"), pixels, photometric, acquisition_tags(i))
+
+
+def write_release_folder(root: Path, n: int = 12, size: int = 32) -> pd.DataFrame:
+    """A release-shaped folder: ``labels.csv`` (study id, three of the labels, agreement level, subset) and
+    ``images/<study>/`` with a lateral and a frontal DICOM file each (the frontal one is the study's image)."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(n):
+        study = f"REVEAL-{i:03d}"
+        t = truth(i)
+        frontal = np.clip(rng.normal(90, 12, (size, size)) + 50 * t["airspace_opacity"], 0, 255).astype(np.uint8)
+        write_dicom(root / "images" / study / "1_lateral.dcm", np.zeros((size, size), np.uint8),
+                    tags={**acquisition_tags(i), "ViewPosition": "LL"})  # fmt: skip
+        write_dicom(root / "images" / study / "2_frontal.dcm", frontal, tags=acquisition_tags(i))
+        rows.append({"study_id": study, "airspace_opacity": t["airspace_opacity"], "lung_nodule": t["nodule_mass"],
+                     "pneumothorax": t["pneumothorax"], "agreement": ("3/3", "2")[i % 3 == 0],
+                     "subset": ("released", "holdout")[i % 2]})  # fmt: skip
+    table = pd.DataFrame(rows)
+    table.to_csv(root / "labels.csv", index=False)
+    return table

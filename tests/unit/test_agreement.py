@@ -1,0 +1,269 @@
+"""Reader agreement: kappa against sklearn and by hand, majority votes by hand, the bootstrap against a naive loop."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from sklearn.metrics import cohen_kappa_score
+
+from evaluation.benchmarks.agreement import (
+    ALL_READERS,
+    OVERALL,
+    agreement_plot,
+    bootstrap_counts,
+    cohen_kappa,
+    kappa_from_counts,
+    leave_one_out,
+    majority,
+    model_agreement,
+    pair_indicator,
+    reader_agreement,
+    verdicts,
+)
+from evaluation.bootstrap import percentile_ci, resample_indices
+
+
+def sk_kappa(a, b) -> float:
+    """sklearn's kappa, NaN where it is undefined (it warns there)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.size == 0:
+        return float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(cohen_kappa_score(a, b, labels=[0, 1]))
+
+
+def test_kappa_by_hand():
+    a = np.array([1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+    b = np.array([1, 1, 1, 1, 1, 0, 1, 0, 0, 0])
+    # 2x2 (a rows, b columns): (0,0)=3, (0,1)=1, (1,0)=1, (1,1)=5; n=10.
+    # po = (3+5)/10 = 0.8; P(a=1) = 0.6, P(b=1) = 0.6; pe = 0.6*0.6 + 0.4*0.4 = 0.52.
+    # kappa = (0.8 - 0.52) / (1 - 0.52) = 0.28 / 0.48 = 7/12.
+    assert cohen_kappa(a, b) == pytest.approx(7 / 12)
+    # Opposite calls: (0,1)=2, (1,0)=2; po = 0, pe = 0.5*0.5 + 0.5*0.5 = 0.5; kappa = (0 - 0.5)/0.5 = -1.
+    assert cohen_kappa(np.array([0, 0, 1, 1]), np.array([1, 1, 0, 0])) == pytest.approx(-1.0)
+    # a constant 0, b constant 1: po = 0, pe = 1*0 + 0*1 = 0, kappa = 0.
+    assert cohen_kappa(np.zeros(3, int), np.ones(3, int)) == pytest.approx(0.0)
+
+
+def test_kappa_equals_sklearn_on_random_data():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n = int(rng.integers(1, 40))
+        a = (rng.random(n) < rng.random()).astype(int)
+        b = np.where(rng.random(n) < rng.random(), a, 1 - a) if trial % 2 else (rng.random(n) < 0.3).astype(int)
+        expected = sk_kappa(a, b)
+        if np.isfinite(expected):
+            assert cohen_kappa(a, b) == pytest.approx(expected, abs=1e-12)
+        else:
+            assert np.isnan(cohen_kappa(a, b))
+
+
+@pytest.mark.parametrize("a, b", [([], []), ([1, 1, 1], [1, 1, 1]), ([0, 0], [0, 0])])
+def test_kappa_is_nan_when_undefined(a, b):
+    assert np.isnan(cohen_kappa(np.array(a, int), np.array(b, int)))
+    assert np.isnan(sk_kappa(a, b))
+
+
+def test_kappa_rejects_missing_reads_and_mismatched_lengths():
+    with pytest.raises(ValueError):
+        cohen_kappa(np.array([1, -1]), np.array([1, 0]))
+    with pytest.raises(ValueError):
+        cohen_kappa(np.array([1, 0]), np.array([1]))
+
+
+def test_weighted_counts_equal_explicit_repetition():
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 2, 30)
+    b = np.where(rng.random(30) < 0.7, a, 1 - a)
+    weights = rng.integers(0, 4, 30)
+    weighted = (pair_indicator(a, b) * weights[:, None]).sum(axis=0)
+    assert kappa_from_counts(weighted) == pytest.approx(cohen_kappa(np.repeat(a, weights), np.repeat(b, weights)))
+
+
+def test_bootstrap_counts_equal_counts_of_the_resampled_items():
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(-1, 2, 25), rng.integers(-1, 2, 25)
+    resamples = resample_indices(25, 50, seed=3)
+    got = bootstrap_counts(resamples, pair_indicator(a, b))
+    expected = np.stack([pair_indicator(a[idx], b[idx]).sum(axis=0) for idx in resamples])
+    assert np.array_equal(got, expected)
+
+
+# Five studies read by four readers; -1 = no read. Hand-made to hold every case.
+READS = np.array([
+    [1, 1, 0, -1],   # 2 pos, 1 neg -> 1
+    [1, 0, -1, -1],  # 1 pos, 1 neg -> tie (-1)
+    [0, 0, 0, 1],    # 1 pos, 3 neg -> 0
+    [-1, -1, -1, -1],  # nobody read -> -1
+    [1, 0, 0, 1],    # 2 pos, 2 neg -> tie (-1)
+])  # fmt: skip
+
+
+def test_majority_by_hand():
+    assert majority(READS).tolist() == [1, -1, 0, -1, -1]
+    # With a findings axis each finding is voted on its own: the second finding flips every read given.
+    flipped = np.where(READS >= 0, 1 - READS, -1)
+    assert majority(np.stack([READS, flipped], axis=2)).tolist() == [[1, 0], [-1, -1], [0, 1], [-1, -1], [-1, -1]]
+
+
+def test_leave_one_out_by_hand():
+    expected = np.array([
+        # others of r0: (1,0,-1) -> tie; r1: (1,0) -> tie; r2: (1,1) -> 1; r3 did not read.
+        [-1, -1, 1, -1],
+        # r0: others (0) -> 0; r1: others (1) -> 1; r2 and r3 did not read.
+        [0, 1, -1, -1],
+        # r0: (0,0,1) -> 0; r1: same -> 0; r2: same -> 0; r3: (0,0,0) -> 0.
+        [0, 0, 0, 0],
+        [-1, -1, -1, -1],
+        # r0: (0,0,1) -> 0; r1: (1,0,1) -> 1; r2: (1,0,1) -> 1; r3: (1,0,0) -> 0.
+        [0, 1, 1, 0],
+    ])  # fmt: skip
+    assert leave_one_out(READS).tolist() == expected.tolist()
+
+
+def test_votes_reject_codes_other_than_present_absent_blank():
+    with pytest.raises(ValueError):
+        majority(np.array([[1, 2]]))
+
+
+def random_reads(n=40, readers=4, findings=3, seed=0):
+    rng = np.random.default_rng(seed)
+    truth = rng.random((n, 1, findings)) < 0.35
+    flips = rng.random((n, readers, findings)) < 0.2
+    reads = np.where(flips, ~truth, truth).astype(int)
+    reads[rng.random(reads.shape) < 0.15] = -1
+    return reads
+
+
+def pairs(reader_reads: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    keep = (reader_reads >= 0) & (reference >= 0)
+    return reader_reads[keep], reference[keep]
+
+
+@pytest.fixture(scope="module")
+def agreement():
+    reads = random_reads()
+    resamples = resample_indices(reads.shape[0], 60, seed=7)
+    table = reader_agreement(reads, ["r0", "r1", "r2", "r3"], ["a", "b", "c"], resamples)
+    return reads, resamples, table
+
+
+def reference_of(reads: np.ndarray, kind: str) -> np.ndarray:
+    """The reference each reader is compared with, built independently of the module's pooling."""
+    if kind == "majority":
+        return np.broadcast_to(majority(reads)[:, None, :], reads.shape)
+    return leave_one_out(reads)
+
+
+def row(table, reference, reader, finding):
+    found = table[(table["reference"] == reference) & (table["reader"] == reader) & (table["finding"] == finding)]
+    assert len(found) == 1
+    return found.iloc[0]
+
+
+def test_table_has_every_row(agreement):
+    _, _, table = agreement
+    assert len(table) == 2 * 5 * 4
+    assert set(table["reader"]) == {"r0", "r1", "r2", "r3", ALL_READERS}
+    assert set(table["finding"]) == {"a", "b", "c", OVERALL}
+
+
+@pytest.mark.parametrize("kind", ["majority", "leave-one-out"])
+def test_point_kappas_and_intervals_equal_a_naive_loop(agreement, kind):
+    reads, resamples, table = agreement
+    names = ["a", "b", "c"]
+
+    def stacked(sample: np.ndarray, readers: list[int], findings: list[int]):
+        ref = reference_of(sample, kind)
+        got = [pairs(sample[:, r, k], ref[:, r, k]) for r in readers for k in findings]
+        return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    for r_name, readers in [*((f"r{r}", [r]) for r in range(4)), (ALL_READERS, [0, 1, 2, 3])]:
+        for f_name, findings in [*((names[k], [k]) for k in range(3)), (OVERALL, [0, 1, 2])]:
+            got = row(table, kind, r_name, f_name)
+            a, b = stacked(reads, readers, findings)
+            assert got["n"] == a.size
+            assert got["kappa"] == pytest.approx(sk_kappa(a, b), nan_ok=True)
+            replicates = [sk_kappa(*stacked(reads[idx], readers, findings)) for idx in resamples]
+            low, high = percentile_ci(np.array(replicates), 0.95)
+            assert (got["ci_low"], got["ci_high"]) == pytest.approx((low, high), nan_ok=True)
+
+
+def test_blank_and_tie_counts_by_hand():
+    reads = READS[:, :, None]
+    table = reader_agreement(reads, ["r0", "r1", "r2", "r3"], ["x"], None)
+    # Full majority [1, -1, 0, -1, -1]: reader r3 is blank on studies 0 and 1, of which only study 0 has a
+    # majority -> n_blank 1; it read studies 2 and 4, and study 4 ties -> n_tie 1.
+    r3 = row(table, "majority", "r3", "x")
+    assert (r3["n_blank"], r3["n_tie"], r3["n"]) == (1, 1, 1)
+    # r2 (majority): blank on study 1 (tie: not counted) and 3 (nobody) -> 0; read 0, 2, 4; 4 ties -> 1.
+    r2 = row(table, "majority", "r2", "x")
+    assert (r2["n_blank"], r2["n_tie"], r2["n"]) == (0, 1, 2)
+    # Leave-one-out, r2: others' vote on study 1 is (1, 0) -> tie, so its blank there does not count -> 0;
+    # others of r2 on studies 0, 2, 4 are 1, 0, 1 -> no tie.
+    r2 = row(table, "leave-one-out", "r2", "x")
+    assert (r2["n_blank"], r2["n_tie"], r2["n"]) == (0, 0, 3)
+    # Leave-one-out, r3: blank on 0 (others 1, 1, 0 -> 1: counted), 1 (others tie) and 3 (nobody) -> 1;
+    # read 2 (others 0) and 4 (others 1, 0, 0 -> 0), both defined -> no tie.
+    r3 = row(table, "leave-one-out", "r3", "x")
+    assert (r3["n_blank"], r3["n_tie"], r3["n"]) == (1, 0, 2)
+    # Leave-one-out, r1: read 0 (others tie), 1 (others: r0 = 1 -> 1), 2, 4 -> one tie; no blank.
+    r1 = row(table, "leave-one-out", "r1", "x")
+    assert (r1["n_blank"], r1["n_tie"], r1["n"]) == (0, 1, 3)
+    pooled = row(table, "leave-one-out", ALL_READERS, "x")
+    per_reader = table[(table["reference"] == "leave-one-out") & (table["reader"] != ALL_READERS)]
+    per_reader = per_reader[per_reader["finding"] == "x"]
+    assert pooled["n_tie"] == per_reader["n_tie"].sum() and pooled["n"] == per_reader["n"].sum()
+    assert np.isnan(row(table, "majority", "r0", "x")["ci_low"])  # no resamples, no interval
+
+
+def test_model_is_scored_like_a_reader(agreement):
+    reads, resamples, table = agreement
+    # A "model" that copies reader r1 (blank where r1 is) scores r1's kappa against the same reference.
+    reference = leave_one_out(reads)[:, 1, :]
+    model = model_agreement(reads[:, 1, :], reference, resamples, ["a", "b", "c"])
+    assert list(model["finding"]) == ["a", "b", "c", OVERALL]
+    for finding in ["a", "b", "c", OVERALL]:
+        got = model.set_index("finding").loc[finding]
+        expected = row(table, "leave-one-out", "r1", finding)
+        for column in ["n", "kappa", "ci_low", "ci_high", "n_tie"]:
+            assert got[column] == pytest.approx(expected[column], nan_ok=True)
+
+
+def test_verdicts_by_hand():
+    readers = pd.DataFrame({
+        "reference": "leave-one-out",
+        "reader": ["r0", "r1", ALL_READERS] * 4 + ["r0"],
+        "finding": ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3 + ["a"],
+        "kappa": [0.4, 0.6, 0.9, 0.4, 0.6, 0.5, 0.4, 0.6, 0.5, np.nan, np.nan, 0.5, 0.7],
+    })  # fmt: skip
+    readers.loc[len(readers) - 1, "reference"] = "majority"  # another reference's kappa must not widen the range
+    model = pd.Series({"a": 0.5, "b": 0.3, "c": 0.8, "d": 0.5, "e": 0.5})
+    got = verdicts(model, readers).set_index("finding")
+    # a: readers 0.4 and 0.6 (the pool's 0.9 and the majority row's 0.7 are not readers' leave-one-out kappas).
+    assert (got.loc["a", "reader_min"], got.loc["a", "reader_max"]) == (0.4, 0.6)
+    assert got.loc["a", "verdict"] == "within the readers' range"
+    for bound in (0.4, 0.6):  # the readers' extremes are inside their range
+        assert verdicts(pd.Series({"a": bound}), readers).loc[0, "verdict"] == "within the readers' range"
+    assert verdicts(pd.Series({"a": 0.65}), readers).loc[0, "verdict"] == "above the readers' range"
+    assert got.loc["b", "verdict"] == "below the readers' range"
+    assert got.loc["c", "verdict"] == "above the readers' range"
+    assert got.loc["d", "verdict"] == "n/a"  # no reader has a defined kappa
+    assert got.loc["e", "verdict"] == "n/a"  # no reader row at all
+    assert got.loc["b", "n_readers"] == 2 and got.loc["d", "n_readers"] == 0
+
+
+def test_plot_has_one_row_per_finding_and_overall(agreement):
+    reads, resamples, table = agreement
+    model = model_agreement(majority(reads), majority(reads), resamples, ["a", "b", "c"])
+    fig = agreement_plot(table, model, "leave-one-out")
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b", "c", OVERALL]
+    assert "leave-one-out" in fig.axes[0].get_xlabel()
+    fig.savefig(io.BytesIO(), format="png")  # renders without a display
