@@ -12,7 +12,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 TRACKING_URI = $(PY) -m training.tracking.uri
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit benchmark ui server test test-realdata test-slow test-server lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit benchmark dicom-balance ui server test test-realdata test-slow test-server lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ benchmark: setup ## Benchmark a model (no NAME: list the protocols): make benchm
 	@if [ -z "$(NAME)" ]; then $(PY) -m evaluation.benchmarks.cli $(ARGS); \
 	else $(PY) -m evaluation.benchmarks.cli --name '$(NAME)' $(if $(MODEL),--model '$(MODEL)') \
 		$(if $(DATA_ROOT),--data-root '$(DATA_ROOT)') $(if $(VERSION),--version '$(VERSION)') $(ARGS); fi
+
+dicom-balance: setup ## Acquisition balance of a reader study's subsets (Pearson's chi-square on DICOM tags): make dicom-balance DATA_ROOT=<dir> [NAME=reveal] [BY=subset]
+	$(PY) -m evaluation.benchmarks.balance_cli --name '$(or $(NAME),reveal)' --data-root '$(DATA_ROOT)' --by '$(or $(BY),subset)' $(ARGS)
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)

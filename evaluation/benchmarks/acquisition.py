@@ -212,3 +212,15 @@ def format_balance(table: pd.DataFrame, contingencies: Mapping[str, pd.DataFrame
         rows.append(["total", *map(int, counts_table.sum(axis=0).to_numpy())])
         lines += ["", f"### {field}", ""] + markdown_table([field, *groups], rows).split("\n")
     return "\n".join(lines) + "\n"
+
+
+def balance_report(
+    paths: Sequence[str | Path], groups: Sequence[object], by: str
+) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """Characteristics of the files ``paths`` with their group, the chi-square summary and its markdown, in one go
+    for the benchmark report and ``make dicom-balance`` alike. Returns ``(characteristics, summary, markdown)``."""
+    frame = read_characteristics(paths).reset_index(drop=True)
+    frame.insert(0, by, list(groups))
+    summary = balance(frame, by)
+    contingencies = {field: counts(frame, by, field) for field in summary["field"]}
+    return frame, summary, format_balance(summary, contingencies)

@@ -381,6 +381,11 @@ def read_release(
         notes.append("no agreement level in the table: one stratum")
     if layout.subset:
         studies["subset"] = table[layout.subset]
+    used = {layout.id, *layout.labels.values(), layout.agreement, *layout.ratings, layout.path, layout.patient,
+            layout.subset}  # fmt: skip
+    for column in table.columns:  # the release's other columns (view, site, ...) stay with their study
+        if column not in used and column not in studies.columns:
+            studies[column] = table[column].to_numpy()
     absent = {label: f"{path.name} has no column {layout.labels[label]}" if label in layout.labels
               else "release.labels names no column for it" for label in labels if label not in names}  # fmt: skip
     notes.append("per-reader reads are not in the release table: the readers' agreement needs the readers layout")

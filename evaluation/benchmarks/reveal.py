@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from evaluation.benchmarks.acquisition import balance, counts, format_balance, read_characteristics
+from evaluation.benchmarks.acquisition import balance_report
 from evaluation.benchmarks.agreement import agreement_plot, cohen_kappa, reader_agreement, verdicts
 from evaluation.benchmarks.encoders import Encoder, Target
 from evaluation.benchmarks.markdown import frame_markdown
@@ -186,6 +186,8 @@ class RevealProtocol(Protocol):
             used = encoder.mapped.get(target.label, ())
             if encoder.has_zero_shot(target.label):
                 source = ", ".join(used) if used else "prompt margin"
+            elif target.outputs:  # the encoder's note lists the model's labels: too long for every row
+                source = f"n/a: the model has none of {', '.join(target.outputs)}"
             else:
                 source = "n/a: " + encoder.zero_shot_notes.get(target.label, "no score")
             rows.append({"label": target.label, "definition": self.definitions[target.label], "model output": source,
@@ -245,6 +247,8 @@ class RevealProtocol(Protocol):
             truth = result.draw.test.targets
             rows = np.ones(len(truth), bool) if stratum == ALL else truth.groups == stratum
             for label in (*REVEAL_LABELS, *POOLS):
+                if label in absent and stratum != ALL:
+                    continue  # said once, in the table of all studies
                 if label in absent:
                     lines.append(f"| {label} | - | n/a: {absent[label]} |" + " |" * (len(METRICS) - 1))
                     continue
@@ -269,7 +273,11 @@ class RevealProtocol(Protocol):
         if self.encoder is not None:
             mapping = self.mapping(self.encoder)
             extras.tables["label_mapping"] = mapping
-            extras.sections.append("**Labels, definitions and the model's outputs**\n\n" + frame_markdown(mapping))
+            outputs = getattr(self.encoder, "labels", None)  # a platform classifier's own output names
+            listed = f"\n\nThe model's outputs: {', '.join(outputs)}." if outputs else ""
+            extras.sections.append(
+                "**Labels, definitions and the model's outputs**\n\n" + frame_markdown(mapping) + listed
+            )
         if study is not None and study.reads is not None and len(study.readers) >= 2:
             resamples = BOOTSTRAPS[self.bootstrap][1](truth, n_boot, self.seed) if n_boot > 0 else (
                 np.empty((0, len(truth)), int))  # fmt: skip
@@ -283,7 +291,9 @@ class RevealProtocol(Protocol):
                 extras.sections.append(readers_section(readers, verdict))
             else:
                 extras.sections.append(readers_section(readers, None))
-            extras.figures["readers_kappa"] = agreement_plot(readers, model, "leave-one-out")
+            extras.figures["readers_kappa"] = agreement_plot(
+                readers, model, "leave-one-out", model_label="model (vs the full majority)"
+            )
             pooled = readers[(readers["reader"] == "all readers") & (readers["finding"] == "overall")]
             for row in pooled.itertuples():
                 key = f"readers/{slug(row.reference)}/overall/kappa"
@@ -337,17 +347,13 @@ def readers_section(readers: pd.DataFrame, verdict: pd.DataFrame | None) -> str:
 def acquisition_section(draw: Draw, root: Path, extras: Extras) -> str:
     """Markdown: DICOM acquisition characteristics by subset, with Pearson's chi-square, or why there is none."""
     table = draw.test.table
-    dicom = [p for p in table["path"] if str(p).lower().endswith((".dcm", ".dicom"))]
-    if not dicom:
+    if not table["path"].str.lower().str.endswith((".dcm", ".dicom")).all():
         return "**Acquisition balance**: n/a (the studies are not DICOM files, so there are no acquisition tags)"
-    frame = read_characteristics([root / p for p in table["path"]]).reset_index(drop=True)
-    if "subset" in table.columns:
-        frame["subset"] = table["subset"].to_numpy()
+    groups = table["subset"] if "subset" in table.columns else ["all"] * len(table)
+    frame, summary, markdown = balance_report([root / p for p in table["path"]], groups, "subset")
     extras.tables["acquisition"] = pd.concat([table[["study_id"]].reset_index(drop=True), frame], axis=1)
-    if "subset" not in frame.columns or frame["subset"].nunique() < 2:
+    if "subset" not in table.columns or table["subset"].nunique() < 2:
         return ("**Acquisition balance**: characteristics logged as acquisition.csv; no chi-square test (the layout "
                 "names no subset column with two or more subsets)")  # fmt: skip
-    summary = balance(frame, "subset")
-    contingencies = {field: counts(frame, "subset", field) for field in summary["field"]}
     extras.tables["acquisition_balance"] = summary
-    return format_balance(summary, contingencies)
+    return markdown

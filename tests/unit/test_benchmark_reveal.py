@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 from mlflow import MlflowClient
+from scipy.stats import chi2_contingency
 from sklearn.metrics import average_precision_score, cohen_kappa_score, f1_score, roc_auc_score
 
 from evaluation.benchmarks import cli
@@ -20,6 +22,7 @@ from evaluation.benchmarks.protocol import BadInput, Prediction
 from evaluation.benchmarks.reader_study import read_reader_table, read_release
 from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
+from tests.conftest import PROJECT_ROOT
 from tests.reveal_data import READERS, dicom_copy, truth, write_dicom, write_reader_folder, write_release_folder
 from training.data.label_names import REVEAL_LABELS, REVEAL_OUTPUTS
 
@@ -256,3 +259,24 @@ def test_reveal_through_the_command_line_into_mlflow(tmp_path, capsys):
     assert "model/all/aneurysm/auroc" not in metrics  # n/a is not logged as a number
     assert 0 < metrics["readers/majority/overall/kappa"] <= 1
     assert run_.data.params["layout"] == "readers" and run_.data.params["n_readers"] == "4"
+
+
+def test_make_dicom_balance_prints_and_writes_the_chi_square_tables(tmp_path):
+    write_release_folder(tmp_path / "release", n=12)  # manufacturer alternates exactly as the subset does
+    make = ["make", "--no-print-directory", "-o", "setup", "-o", ".venv/.installed", "dicom-balance",
+            f"DATA_ROOT={tmp_path / 'release'}", f"ARGS=--out {tmp_path / 'out'}"]  # fmt: skip
+    done = subprocess.run(make, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    summary = pd.read_csv(tmp_path / "out" / "acquisition_balance.csv").set_index("field")
+    expected = chi2_contingency([[6, 0], [0, 6]], correction=False)
+    assert summary.loc["Manufacturer", "chi2"] == pytest.approx(expected.statistic)
+    assert summary.loc["Manufacturer", "p_value"] == pytest.approx(expected.pvalue)
+    assert summary.loc["ManufacturerModelName", "categories"] == 1 and np.isnan(
+        summary.loc["ManufacturerModelName", "p_value"]
+    )
+    per_study = pd.read_csv(tmp_path / "out" / "acquisition.csv", dtype=str)
+    assert len(per_study) == 12 and set(per_study["ViewPosition"]) == {"PA", "AP"}  # the frontal file of each study
+    assert "Manufacturer" in done.stdout and "12 studies by subset" in done.stdout
+    bad = subprocess.run([*make, "BY=site"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "make dicom-balance: no column 'site' in the study table" in bad.stderr
+    assert "Traceback" not in bad.stderr

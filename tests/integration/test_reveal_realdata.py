@@ -1,0 +1,81 @@
+"""The REVEAL-CXR protocol on the NIH expert relabelling (../shared/data/nih-expert: 61 images, three of 11
+radiologists each), and on a DICOM copy of some of its images, which must score exactly as the PNGs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import cohen_kappa_score
+
+from evaluation.benchmarks.agreement import majority
+from evaluation.benchmarks.catalog import load_protocol
+from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from tests.benchmark_data import write_tiny_clip
+from tests.conftest import shared_data
+from tests.reveal_data import dicom_copy
+
+pytestmark = pytest.mark.realdata
+PROTOCOL = load_protocol("reveal")
+
+
+def test_the_stand_in_reads_as_published():
+    root = shared_data("nih-expert")
+    draw = draw_subsets(PROTOCOL, root)
+    truth = draw.test.targets
+    assert len(draw.test) == 61 and len(truth.readers) == 11
+    assert truth.names == ("airspace opacity", "lung mass", "lung nodule", "pneumothorax")
+    assert ((truth.reader_labels != -1).any(axis=2).sum(axis=1) == 3).all()  # three readers per image
+    blanks = PROTOCOL.study.blanks.groupby("label")["blank"].sum()
+    assert blanks.to_dict() == {"airspace opacity": 0, "lung mass": 3, "lung nodule": 3, "pneumothorax": 1}  # hedges
+    reads = pd.read_csv(root / "reads.csv", dtype=str, keep_default_na=False)
+    assert reads["reader_id"].nunique() == 11 and set(truth.readers) == set(reads["reader_id"])  # ids stay text
+    # the majority equals a count of the published reads, image by image
+    opacity = reads.assign(v=reads["airspace_opacity"].astype(int)).groupby("image")["v"].sum()
+    np.testing.assert_array_equal(truth.labels[:, 0], (opacity.loc[draw.test.table["study_id"]] >= 2).astype(int))
+    np.testing.assert_array_equal(truth.labels, majority(truth.reader_labels))
+    adjudicated = pd.read_csv(root / "adjudicated.csv").set_index("image").loc[draw.test.table["study_id"]]
+    agree = (truth.labels[:, 0] == adjudicated["airspace_opacity"].to_numpy()).mean()
+    assert 0.85 < agree < 1.0  # the majority and the adjudication mostly agree, not always
+
+
+def test_readers_pooled_kappa_equals_scikit_learn_on_the_real_reads():
+    root = shared_data("nih-expert")
+    draw = draw_subsets(PROTOCOL, root)
+    truth = draw.test.targets
+    from evaluation.benchmarks.agreement import reader_agreement
+
+    table = reader_agreement(truth.reader_labels, truth.readers, truth.names, None)
+    row = table[
+        (table["reference"] == "majority") & (table["reader"] == "all readers") & (table["finding"] == "overall")
+    ]
+    reads = truth.reader_labels  # (N, R, K)
+    reference = np.broadcast_to(truth.labels[:, None, :], reads.shape)
+    keep = (reads != -1) & (reference != -1)
+    assert row["n"].iloc[0] == keep.sum()
+    assert row["kappa"].iloc[0] == pytest.approx(cohen_kappa_score(reads[keep], reference[keep]))
+
+
+def test_a_dicom_copy_of_real_images_scores_exactly_as_the_pngs(tmp_path):
+    source = shared_data("nih-expert")
+    reads = pd.read_csv(source / "reads.csv", dtype=str, keep_default_na=False)
+    chosen = sorted(reads["image"].unique())[:16]  # includes 00001369_000, stored as RGBA in the release
+    png = tmp_path / "png"
+    (png / "images").mkdir(parents=True)
+    for rel in chosen:
+        (png / rel).symlink_to(source / rel)
+    reads[reads["image"].isin(chosen)].to_csv(png / "reads.csv", index=False)
+    adjudicated = pd.read_csv(source / "adjudicated.csv", dtype=str, keep_default_na=False)
+    adjudicated[adjudicated["image"].isin(chosen)].to_csv(png / "adjudicated.csv", index=False)
+    dicom_copy(png, tmp_path / "dcm")  # alternately MONOCHROME2 and MONOCHROME1, identity window
+    spec = write_tiny_clip(tmp_path / "clip")
+    results = []
+    for root in (png, tmp_path / "dcm"):
+        draw = draw_subsets(PROTOCOL, root)
+        model = load_model(PROTOCOL, spec, "sqlite:///unused.db")
+        results.append(run_benchmark(PROTOCOL, draw, model, root, n_boot=100, cache_dir=None))
+    assert results[1].draw.test.table["path"].str.endswith(".dcm").all()
+    pd.testing.assert_frame_equal(results[0].table, results[1].table)
+    png_scores, dcm_scores = (r.scores.drop(columns="study_id") for r in results)  # ids differ by extension only
+    pd.testing.assert_frame_equal(png_scores, dcm_scores)
+    assert results[0].table["value"].notna().sum() > 20
