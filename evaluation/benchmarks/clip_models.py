@@ -115,10 +115,18 @@ class ClipEncoder(Encoder):
         return f"{self.spec} (open_clip {self.name}, {weights}, {self.image_size} px)"
 
     @torch.inference_mode()
-    def encode(self, images: np.ndarray) -> Encoded:
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """``(M, D)`` L2-normalised text embeddings, in the space :meth:`encode`'s image embeddings live in."""
+        return self.model.encode_text(self.tokenizer(list(texts)), normalize=True).float().numpy()
+
+    def to_tensor(self, images: np.ndarray) -> torch.Tensor:
+        """``(B, 3, S, S)`` model input: the grey film in every channel, with the model's own normalisation."""
         x = torch.from_numpy(np.ascontiguousarray(images)).float().div(255.0)  # (B, H, W)
-        x = (x.unsqueeze(1).expand(-1, 3, -1, -1) - self.mean) / self.std  # (B, 3, H, W): gray in every channel
-        embeddings = self.model.encode_image(x, normalize=True).float()  # (B, D)
+        return (x.unsqueeze(1).expand(-1, 3, -1, -1) - self.mean) / self.std
+
+    @torch.inference_mode()
+    def encode(self, images: np.ndarray) -> Encoded:
+        embeddings = self.model.encode_image(self.to_tensor(images), normalize=True).float()  # (B, D)
         if self.text_directions is None:
             return Encoded(embeddings.numpy())
         margin = (embeddings @ self.text_directions).numpy()  # (B, T)

@@ -13,7 +13,7 @@ training; a centre crop could cut off lung fields). Each model kind then applies
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,6 +145,10 @@ class Encoder(ABC):
     def description(self) -> str:
         """One line naming the model for the printed report."""
         return self.spec
+
+    embed_texts: Callable[[Sequence[str]], np.ndarray] | None = None
+    """Image-text models: ``texts -> (M, D)`` normalised embeddings in the image embeddings' space (zero-shot
+    beyond one prompt pair, e.g. a progression prompt bank); ``None`` for a model without a text tower."""
 
     @abstractmethod
     def encode(self, images: np.ndarray) -> Encoded:

@@ -128,11 +128,15 @@ class PlatformRunEncoder(Encoder):
         each = ", ".join(f"{self.labels[i]} {self.threshold(i):g}" for i in columns)
         return f"any of these outputs is at or above its own threshold ({source}s: {each}; the score is their max)"
 
+    @staticmethod
+    def to_tensor(images: np.ndarray) -> torch.Tensor:
+        """``(B, 1, S, S)`` network input: training's evaluation transform (build_transform(None)), vectorised."""
+        x = torch.from_numpy(np.ascontiguousarray(images)).float() / 255.0
+        return ((x - GRAY_MEAN) / GRAY_STD).unsqueeze(1)
+
     @torch.inference_mode()
     def encode(self, images: np.ndarray) -> Encoded:
-        # The evaluation transform of training (build_transform(None)), vectorised: Normalize then to tensor.
-        x = (torch.from_numpy(np.ascontiguousarray(images)).float() / 255.0 - GRAY_MEAN) / GRAY_STD
-        features = self.model.backbone(x.unsqueeze(1))  # (B, F)
+        features = self.model.backbone(self.to_tensor(images))  # (B, F)
         embeddings = features.float().numpy()
         if not self.any_zero_shot:
             return Encoded(embeddings)

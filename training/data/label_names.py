@@ -83,3 +83,33 @@ REVEAL_OUTPUTS: dict[str, tuple[tuple[str, ...], str]] = {
     "pleural thickening": (("Pleural Thickening",), "same finding"),
     "pneumothorax": (("Pneumothorax",), "same finding"),
 }
+
+
+#: CheXTemporal's 11 findings (CheXpert/CheXbert names), in the dataset paper's order.
+CHEXTEMPORAL_FINDINGS: tuple[str, ...] = (
+    "Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Enlarged Cardiomediastinum", "Lung Lesion",
+    "Lung Opacity", "Pleural Effusion", "Pleural Other", "Pneumonia", "Pneumothorax",
+)  # fmt: skip
+
+#: CheXpert finding -> (model outputs that answer it, in any release's spelling; why those). Used both for a
+#: model's score (highest probability among the outputs it has) and to label NIH follow-up pairs in CheXpert names
+#: (a finding is present when any of its NIH columns is).
+CHEXPERT_OUTPUTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "Atelectasis": (("Atelectasis",), "same finding"),
+    "Cardiomegaly": (("Cardiomegaly",), "same finding"),
+    "Consolidation": (("Consolidation",), "same finding"),
+    "Edema": (("Edema",), "same finding"),
+    "Enlarged Cardiomediastinum": (("Enlarged Cardiomediastinum",), "only the same finding: cardiomegaly is narrower"),
+    "Lung Lesion": (("Lung Lesion", "Mass", "Nodule"), "CheXpert's lesion covers NIH's mass and nodule"),
+    "Lung Opacity": (
+        ("Lung Opacity", "Infiltration", "Infiltrate", "Airspace Opacity", "Alveolar Pattern"),
+        "CheXpert's opacity: NIH's infiltration, PadChest's alveolar pattern",
+    ),
+    "Pleural Effusion": (("Pleural Effusion", "Effusion"), "NIH's name for the same finding"),
+    "Pleural Other": (
+        ("Pleural Other", "Pleural Thickening"),
+        "pleural thickening is the commonest other pleural finding",
+    ),
+    "Pneumonia": (("Pneumonia",), "same finding"),
+    "Pneumothorax": (("Pneumothorax",), "same finding"),
+}

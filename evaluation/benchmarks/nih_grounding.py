@@ -1,0 +1,160 @@
+"""The NIH grounding protocol: does a model's heatmap for a finding point at the radiologists' box?
+
+- Items: the images of an NIH ChestX-ray14 release folder that have boxes (``BBox_List_2017.csv``: 880 images,
+  984 boxes, 8 findings), read by :func:`training.data.boxes.read_nih_boxes`; the boxes stay in the release's
+  1024-px frame and are moved to the size the model sees (:meth:`~evaluation.benchmarks.protocol.Box.in_frame`),
+  whatever size the stored files have. Versions: every image, or a draw stratified by each image's first finding.
+- Heatmaps (:mod:`evaluation.benchmarks.heatmaps`): Grad-CAM for a platform classifier (for the finding's mapped
+  outputs), patch-text similarity for an image-text model; and two floors every report carries, a centre prior
+  and seeded random maps, so a model's figures are read against what no model at all would reach.
+- Metrics (:mod:`evaluation.benchmarks.grounding`): pointing game and CNR per (image, finding) with a box,
+  averaged per finding and over all (image, finding) pairs; 1,000 resamples of images (an image keeps all its
+  boxes), the same resamples for the model and the floors.
+
+docs/benchmarks.md (NIH grounding) states the protocol and the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from evaluation.benchmarks.embeddings import read_images
+from evaluation.benchmarks.encoders import Encoder, Target
+from evaluation.benchmarks.grounding import grounding_scores, overlay_figure
+from evaluation.benchmarks.heatmaps import centre_prior, heatmaps, random_heatmaps
+from evaluation.benchmarks.protocol import Box, Draw, Extras, Features, Outcome, Prediction, Protocol, Subset, Targets
+from evaluation.benchmarks.sampling import stratified_draw
+from training.data.boxes import read_nih_boxes
+
+GROUNDING_METRICS = {"pg": "Pointing game", "cnr": "CNR"}
+OVERALL = "overall"
+
+
+class GroundingProtocol(Protocol):
+    """Boxes only, on an NIH release folder (``images/``, ``BBox_List_2017.csv``, ``Data_Entry_2017_v2020.csv``).
+
+    Args:
+        name, description, seed, versions, bootstrap: see :class:`~evaluation.benchmarks.protocol.Protocol`; a
+            version's value is the number of images drawn (``None``: all).
+        findings: finding (the box file's, in NIH spelling) -> the prompt an image-text model grounds.
+        negative_prompt: the contrasting prompt of the zero-shot scores the runner also computes.
+        batch_size: images per heatmap pass (heatmaps are reduced to scores batch by batch: 880 images x 8
+            findings of full-size maps would not fit in memory).
+        examples: images per finding drawn as overlays in the run's artifacts.
+    """
+
+    methods = {"model": "Model", "centre": "Centre prior", "random": "Random"}
+
+    def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, int | None],
+                 findings: Mapping[str, str], negative_prompt: str, batch_size: int = 32, examples: int = 3,
+                 bootstrap: str = "plain"):  # fmt: skip
+        super().__init__(name, description, seed, versions, bootstrap)
+        self.findings = tuple(findings)
+        self._targets = tuple(Target(f, prompt, negative_prompt) for f, prompt in findings.items())
+        self.batch_size, self.examples = int(batch_size), int(examples)
+        self.root = Path(".")
+        self.shown: dict[str, list[tuple[np.ndarray, np.ndarray, tuple[Box, ...], str]]] = {}
+        self.heatmap_note = ""
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self._targets
+
+    @property
+    def metrics(self) -> dict[str, str]:
+        out = {}
+        for finding in (*self.findings, OVERALL):
+            for metric, title in GROUNDING_METRICS.items():
+                out[f"{metric}/{finding.lower()}"] = f"{title}, {finding}" if finding != OVERALL else f"{title}, all"
+        return out
+
+    def draw(self, root: Path, version: str) -> Draw:
+        self.root = root
+        boxes = read_nih_boxes(root)
+        unknown = sorted(set(boxes["finding"]) - set(self.findings))
+        if unknown:
+            raise ValueError(f"box finding(s) {', '.join(unknown)} are not findings of this protocol "
+                             f"({', '.join(self.findings)}; configs/benchmark/{self.name}.yaml)")  # fmt: skip
+        images = (boxes.groupby(["image_id", "path"], sort=True)["finding"].agg(lambda f: "|".join(sorted(set(f))))
+                  .reset_index().rename(columns={"finding": "findings"}))  # fmt: skip
+        images["first_finding"] = images["findings"].str.split("|").str[0]
+        size = self.versions[version]
+        drawn = stratified_draw(images, size, "first_finding", "image_id", self.seed)
+        per_image = {image: tuple(
+            Box(r.finding, float(r.x), float(r.y), float(r.w), float(r.h), int(r.frame_width), int(r.frame_height))
+            for r in rows.itertuples()) for image, rows in boxes.groupby("image_id")}  # fmt: skip
+        labels = np.array([[int(f in row.split("|")) for f in self.findings] for row in drawn["findings"]])
+        targets = Targets("multilabel", self.findings, labels, boxes=tuple(per_image[i] for i in drawn["image_id"]))
+        test = Subset(drawn[["image_id", "path", "findings"]], targets, pool=len(images))
+        counts = ", ".join(f"{f} {int(labels[:, k].sum())}" for k, f in enumerate(self.findings))
+        description = [f"test: {len(test)} images of {len(images)} with boxes ({int(labels.sum())} image-finding "
+                       f"pairs: {counts}), fingerprint {test.fingerprint}",
+                       f"{sum(len(b) for b in targets.boxes)} boxes in the release's 1024-px frame, moved to the "
+                       f"size each model sees"]  # fmt: skip
+        return Draw(version, {"test": test}, {"n_boxes": sum(len(b) for b in targets.boxes)}, description)
+
+    def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
+        test = draw.test
+        size = encoder.image_size
+        paths = test.table["path"].tolist()
+        k = len(self.findings)
+        model = np.full((len(test), k, 2), np.nan)
+        centre, noise = np.full_like(model, np.nan), np.full_like(model, np.nan)
+        prior = np.broadcast_to(centre_prior(size), (k, size, size))
+        able = True
+        self.shown = {f: [] for f in self.findings}
+        for start in range(0, len(test), self.batch_size):
+            rows = slice(start, start + self.batch_size)
+            images = read_images(self.root, paths[rows], size, encoder.resize)
+            boxes = test.targets.boxes[rows]
+            maps = heatmaps(encoder, images, self.findings) if able else None
+            if maps is None:
+                able = False
+            else:
+                model[rows] = grounding_scores(maps, boxes, self.findings)
+                self.keep_examples(images, maps, boxes, paths[rows])
+            centre[rows] = grounding_scores(np.broadcast_to(prior, (len(images), k, size, size)), boxes, self.findings)
+            noise[rows] = grounding_scores(random_heatmaps(len(images), k, size, self.seed + start), boxes,
+                                           self.findings)  # fmt: skip
+        scores = test.table[["image_id", "findings"]].copy()
+        for j, finding in enumerate(self.findings):
+            scores[f"pg_{finding.lower()}"], scores[f"cnr_{finding.lower()}"] = model[:, j, 0], model[:, j, 1]
+        notes = [f"heatmaps at {size} px (the model's input size); floors: a centred Gaussian (sigma = size/4) and "
+                 f"uniform noise seeded with {self.seed} + batch start"]  # fmt: skip
+        if not able:
+            notes.append(f"model: no heatmaps for {encoder.description} (n/a)")
+        methods = {"model": Prediction(model) if able else None, "centre": Prediction(centre),
+                   "random": Prediction(noise)}  # fmt: skip
+        return Outcome(methods, scores, notes, {"heatmap_size": size})
+
+    def keep_examples(self, images, maps, boxes, paths) -> None:
+        """The first images of each finding (in id order) with their heatmap, for the overlay figures."""
+        for i, its_boxes in enumerate(boxes):
+            for j, finding in enumerate(self.findings):
+                mine = tuple(b for b in its_boxes if b.finding == finding)
+                if mine and len(self.shown[finding]) < self.examples:
+                    self.shown[finding].append((images[i], maps[i, j], mine, Path(paths[i]).stem))
+
+    def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
+        values = np.asarray(prediction.scores)  # (N, K, 2)
+        out = {}
+        for j, finding in enumerate((*self.findings, OVERALL)):
+            picked = values[:, j] if finding != OVERALL else values.reshape(-1, 2)
+            for m, metric in enumerate(GROUNDING_METRICS):
+                column = picked[:, m]
+                finite = column[np.isfinite(column)]
+                out[f"{metric}/{finding.lower()}"] = float(finite.mean()) if finite.size else float("nan")
+        return out
+
+    def extras(self, draw: Draw, outcome: Outcome, table: pd.DataFrame, n_boot: int) -> Extras:
+        extras = Extras()
+        for finding, shown in self.shown.items():
+            if shown:
+                images, maps, boxes, titles = zip(*shown, strict=True)
+                extras.figures[f"overlays_{finding.lower()}"] = overlay_figure(images, maps, boxes,
+                                                                               [f"{finding}: {t}" for t in titles])  # fmt: skip
+        return extras

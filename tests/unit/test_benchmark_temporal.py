@@ -1,0 +1,104 @@
+"""The grounding (NIH boxes) and progression (CheXTemporal-style pairs) protocols as plug-ins: draws, floors with
+known answers, the methods beside the majority floor, and both through the command line into MLflow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from evaluation.benchmarks import cli
+from evaluation.benchmarks.catalog import load_protocol
+from evaluation.benchmarks.protocol import BadInput
+from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from tests.benchmark_data import write_tiny_clip
+from tests.temporal_data import write_bbox_folder, write_followup_folder
+
+
+def run(protocol, root, spec, n_boot=50):
+    draw = draw_subsets(protocol, root)
+    return run_benchmark(protocol, draw, load_model(protocol, spec, "sqlite:///unused.db"), root, n_boot=n_boot,
+                         cache_dir=None, batch_size=8)  # fmt: skip
+
+
+# --- grounding ---------------------------------------------------------------------------------------------------
+
+
+def test_the_grounding_draw_keeps_the_release_frame_on_every_box(tmp_path):
+    write_bbox_folder(tmp_path, n=12, stored=64)  # boxes in the release's 1024 frame, images stored at 64 px
+    draw = draw_subsets(load_protocol("nih-grounding"), tmp_path)
+    truth = draw.test.targets
+    assert len(draw.test) == 12 and truth.names[2] == "Effusion"
+    assert truth.labels[:, truth.names.index("Effusion")].tolist() == [int(i % 2 == 0) for i in range(12)]
+    first = {box.finding: box for box in truth.boxes[0]}
+    assert first["Effusion"].frame_width == 1024 and first["Effusion"].x == 384.0  # 3/8 of the 1024 frame
+    assert first["Effusion"].in_frame(64, 64).x == 24.0  # where it lies on the 64-px stored image
+
+
+def test_the_centre_prior_points_at_central_boxes_and_misses_corner_ones(tmp_path):
+    write_bbox_folder(tmp_path, n=8)
+    result = run(load_protocol("nih-grounding"), tmp_path, write_tiny_clip(tmp_path / "clip"))
+    values = result.table.set_index(["protocol", "metric"])["value"]
+    assert values[("centre", "pg/effusion")] == 1.0 and values[("centre", "pg/nodule")] == 0.0
+    assert values[("centre", "pg/overall")] == pytest.approx(4 / 9)  # 4 central hits of 9 (image, finding) pairs
+    assert np.isnan(values[("centre", "pg/atelectasis")])  # no box of it in this data
+    assert 0 <= values[("random", "pg/overall")] <= 1 and np.isfinite(values[("model", "cnr/overall")])
+    again = run(load_protocol("nih-grounding"), tmp_path, write_tiny_clip(tmp_path / "clip"))
+    pd.testing.assert_frame_equal(result.table, again.table)  # the random floor is seeded
+
+
+def test_a_box_finding_the_protocol_does_not_know_is_named(tmp_path):
+    write_bbox_folder(tmp_path, n=4)
+    text = (tmp_path / "BBox_List_2017.csv").read_text().replace("Nodule", "Fracture")
+    (tmp_path / "BBox_List_2017.csv").write_text(text)
+    with pytest.raises(BadInput, match="Fracture"):
+        draw_subsets(load_protocol("nih-grounding"), tmp_path)
+
+
+def test_grounding_through_the_command_line_logs_metrics_and_overlays(tmp_path, capsys):
+    write_bbox_folder(tmp_path / "data", n=8)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["--name", "nih-grounding", "--model", write_tiny_clip(tmp_path / "clip"), "--data-root",
+            str(tmp_path / "data"), "--n-boot", "20", "--tracking-uri", uri, "--artifact-root",
+            str(tmp_path / "artifacts"), "--no-cache"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| Pointing game, Effusion | " in out and "| metric (95% CI) | Model | Centre prior | Random |" in out
+    client = MlflowClient(uri)
+    run_ = client.search_runs([client.get_experiment_by_name("benchmark-nih-grounding").experiment_id])[0]
+    assert run_.data.metrics["centre/pg/effusion"] == 1.0
+    artifacts = {a.path for a in client.list_artifacts(run_.info.run_id)}
+    assert {"overlays_effusion.png", "overlays_nodule.png"} <= artifacts
+
+
+# --- progression -------------------------------------------------------------------------------------------------
+
+
+def test_nih_follow_ups_become_coarse_pairs_in_chexpert_names_with_patient_disjoint_splits(tmp_path):
+    write_followup_folder(tmp_path, patients=30)
+    protocol = load_protocol("chextemporal")
+    draw = draw_subsets(protocol, tmp_path)
+    assert draw.params["source"] == "nih" and protocol.classes == ("new", "persisting", "resolved")
+    tables = {name: subset.table for name, subset in draw.subsets.items()}
+    assert set(pd.concat(tables.values())["finding"]) == {"Pleural Effusion"}  # NIH's Effusion, CheXpert's name
+    patients = [set(t["patient_id"]) for t in tables.values()]
+    assert not (patients[0] & patients[1]) and not (patients[0] & patients[2]) and not (patients[1] & patients[2])
+    everything = pd.concat(tables.values())
+    expected = {"new": 10, "persisting": 30, "resolved": 10}  # 10 patients per pattern; absent-absent is no pair
+    assert everything["progression"].value_counts().to_dict() == expected
+
+
+def test_progression_methods_beside_the_majority_floor(tmp_path):
+    write_followup_folder(tmp_path, patients=30)
+    protocol = load_protocol("chextemporal")
+    result = run(protocol, tmp_path, write_tiny_clip(tmp_path / "clip"))
+    values = result.table.set_index(["protocol", "metric"])["value"]
+    test_truth = result.draw.test.table["progression"]
+    train_majority = result.draw.subsets["train"].table["progression"].value_counts().idxmax()
+    assert values[("majority", "accuracy")] == pytest.approx((test_truth == train_majority).mean())
+    for method in ("zero_shot", "rule", "head"):
+        assert 0 <= values[(method, "accuracy")] <= 1
+    assert {"confusion_head", "confusion_majority"} <= set(result.extras.tables)
+    confusion = result.extras.tables["confusion_majority"].set_index("truth")
+    assert int(confusion.to_numpy().sum()) == len(test_truth)
