@@ -7,8 +7,10 @@ boxes were moved to (the image as the model saw it):
   is reached at several pixels (a flat or saturated map) the hit is the *share* of those pixels inside a box, so a
   constant heatmap scores the box's area fraction rather than whatever pixel ``argmax`` happens to return first.
 - **Contrast-to-noise ratio** (CNR, as in BioViL's grounding evaluation): ``|mean_in - mean_out| /
-  sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes; NaN when either side
-  is empty or both variances are zero (no contrast can be measured).
+  sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes. A flat map (a
+  Grad-CAM whose ReLU removed everything) has no contrast: CNR 0, and its pointing game is the box's area share.
+  NaN when either side is empty, or for a noiseless step (constant inside, another constant outside), whose ratio
+  is infinite.
 
 Heatmaps are compared as they are: both metrics are invariant to a positive affine rescaling of the map, so
 Grad-CAM, similarity and probability maps can be compared without normalising them first.
@@ -55,8 +57,12 @@ def cnr(heatmap: np.ndarray, mask: np.ndarray) -> float:
     inside, outside = values[mask], values[~mask]
     if inside.size == 0 or outside.size == 0 or not np.isfinite(values).all():
         return float("nan")
-    noise = np.sqrt(inside.var() + outside.var())
-    return float(abs(inside.mean() - outside.mean()) / noise) if noise > 0 else float("nan")
+    if values.max() == values.min():
+        return 0.0  # a flat map has no contrast (and its variances are rounding noise, not signal)
+    noise, contrast = np.sqrt(inside.var() + outside.var()), abs(inside.mean() - outside.mean())
+    if noise <= 1e-12 * np.abs(values).max():
+        return float("nan")  # a noiseless step: the ratio is infinite
+    return float(contrast / noise)
 
 
 def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findings: Sequence[str]) -> np.ndarray:
@@ -93,8 +99,11 @@ def overlay_figure(images: Sequence[np.ndarray], maps: Sequence[np.ndarray], box
         for box in its_boxes:
             moved = box.in_frame(size, size)
             ax.add_patch(Rectangle((moved.x, moved.y), moved.w, moved.h, fill=False, edgecolor="white", linewidth=1.5))
-        peak = np.unravel_index(np.nanargmax(heatmap), heatmap.shape)
-        ax.plot(peak[1], peak[0], marker="x", color="red", markersize=8)
+        if np.nanmax(heatmap) > np.nanmin(heatmap):  # a flat map has no peak to mark
+            peak = np.unravel_index(np.nanargmax(heatmap), heatmap.shape)
+            ax.plot(peak[1], peak[0], marker="x", color="red", markersize=8)
+        else:
+            title = f"{title} (flat map)"
         ax.set_title(title, fontsize=8)
         ax.axis("off")
     fig.tight_layout()

@@ -25,7 +25,7 @@ import pandas as pd
 from evaluation.benchmarks.embeddings import read_images
 from evaluation.benchmarks.encoders import Encoder, Target
 from evaluation.benchmarks.grounding import grounding_scores, overlay_figure
-from evaluation.benchmarks.heatmaps import centre_prior, heatmaps, random_heatmaps
+from evaluation.benchmarks.heatmaps import centre_prior, heatmap_note, heatmaps, random_heatmaps
 from evaluation.benchmarks.protocol import Box, Draw, Extras, Features, Outcome, Prediction, Protocol, Subset, Targets
 from evaluation.benchmarks.sampling import stratified_draw
 from training.data.boxes import read_nih_boxes
@@ -105,7 +105,7 @@ class GroundingProtocol(Protocol):
         model = np.full((len(test), k, 2), np.nan)
         centre, noise = np.full_like(model, np.nan), np.full_like(model, np.nan)
         prior = np.broadcast_to(centre_prior(size), (k, size, size))
-        able = True
+        able, flat = True, 0
         self.shown = {f: [] for f in self.findings}
         for start in range(0, len(test), self.batch_size):
             rows = slice(start, start + self.batch_size)
@@ -116,6 +116,8 @@ class GroundingProtocol(Protocol):
                 able = False
             else:
                 model[rows] = grounding_scores(maps, boxes, self.findings)
+                flat += int(sum(np.ptp(maps[i, j]) == 0 for i, its in enumerate(boxes)
+                                for j, f in enumerate(self.findings) if any(b.finding == f for b in its)))  # fmt: skip
                 self.keep_examples(images, maps, boxes, paths[rows])
             centre[rows] = grounding_scores(np.broadcast_to(prior, (len(images), k, size, size)), boxes, self.findings)
             noise[rows] = grounding_scores(random_heatmaps(len(images), k, size, self.seed + start), boxes,
@@ -127,6 +129,12 @@ class GroundingProtocol(Protocol):
                  f"uniform noise seeded with {self.seed} + batch start"]  # fmt: skip
         if not able:
             notes.append(f"model: no heatmaps for {encoder.description} (n/a)")
+        else:
+            notes.append(f"model heatmaps: {heatmap_note(encoder)}")
+            pairs = int(test.targets.labels.sum())
+            if flat:
+                notes.append(f"{flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores its "
+                             f"box's area share in the pointing game and 0 CNR")  # fmt: skip
         methods = {"model": Prediction(model) if able else None, "centre": Prediction(centre),
                    "random": Prediction(noise)}  # fmt: skip
         return Outcome(methods, scores, notes, {"heatmap_size": size})

@@ -44,8 +44,9 @@ def test_cnr_by_hand_and_invariant_to_a_positive_affine_rescaling():
     expected = abs(2.5 - 0.5) / np.sqrt(1.25 + 0.25)
     assert cnr(heat, mask) == pytest.approx(expected)
     assert cnr(3 * heat + 7, mask) == pytest.approx(expected)
-    flat = np.where(mask, 1.0, 0.0)
-    assert np.isnan(cnr(flat, mask))  # no variance on either side: no noise to measure contrast against
+    step = np.where(mask, 1.0, 0.0)
+    assert np.isnan(cnr(step, mask))  # contrast without any noise: an infinite ratio, left out
+    assert cnr(np.full((4, 4), 0.3), mask) == 0.0  # a flat map shows no contrast at all
     assert np.isnan(cnr(heat, np.ones((4, 4), bool)))
 
 
