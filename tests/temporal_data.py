@@ -64,3 +64,36 @@ def write_followup_folder(root: Path, patients: int = 30, size: int = 32) -> pd.
     table = pd.DataFrame(rows).sample(frac=1.0, random_state=0)
     table.to_csv(root / "Data_Entry_2017_v2020.csv", index=False)
     return table
+
+
+RELEASE_CLASSES = ("new", "worse", "stable", "improved", "resolved")
+
+
+def write_release_pairs(root: Path, patients: int = 40, size: int = 32) -> pd.DataFrame:
+    """A CheXTemporal-shaped release: ``chextemporal_pairs.csv`` (one prior/current pair per patient, Pleural
+    Effusion, the five classes in turn, sources A and B alternating) and ``chextemporal_boxes.csv`` (a centred box
+    in the 1024 frame on each film where the finding is present: the current film only for new, the prior only
+    for resolved, both otherwise with one correspondence id). Returns the pair table."""
+    rng = np.random.default_rng(2)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    pairs, boxes = [], []
+    for p in range(patients):
+        label = RELEASE_CLASSES[p % 5]
+        films = {}
+        for role in ("prior", "current"):
+            rel = f"images/p{p:03d}_{role}.png"
+            cv2.imwrite(str(root / rel), np.clip(rng.normal(90, 10, (size, size)), 0, 255).astype(np.uint8))
+            films[role] = rel
+        pair_id = f"pair{p:03d}"
+        pairs.append({"pair_id": pair_id, "patient_id": f"P{p:03d}", "prior_path": films["prior"],
+                      "path": films["current"], "finding": "Pleural Effusion", "progression": label,
+                      "days_between": 3 + p % 4, "source": ("A", "B")[p % 2]})  # fmt: skip
+        roles = {"new": ("current",), "resolved": ("prior",)}.get(label, ("prior", "current"))
+        for role in roles:
+            boxes.append({"pair_id": pair_id, "image": role, "finding": "Pleural Effusion", "x": 384, "y": 384,
+                          "w": 256, "h": 256, "frame_width": 1024, "frame_height": 1024,
+                          "correspondence_id": f"r{p}" if len(roles) == 2 else ""})  # fmt: skip
+    table = pd.DataFrame(pairs)
+    table.to_csv(root / "chextemporal_pairs.csv", index=False)
+    pd.DataFrame(boxes).to_csv(root / "chextemporal_boxes.csv", index=False)
+    return table

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.benchmarks.encoders import Encoder, Target
+from evaluation.benchmarks.grounding import grounding_table, overlay_figure, score_heatmaps
 from evaluation.benchmarks.markdown import frame_markdown
 from evaluation.benchmarks.progression import (
     apply_rule,
@@ -43,7 +44,8 @@ from evaluation.benchmarks.progression import (
     progression_metrics,
     zero_shot_progression,
 )
-from evaluation.benchmarks.protocol import Draw, Extras, Features, Outcome, Prediction, Protocol, Subset, Targets
+from evaluation.benchmarks.protocol import Box, Draw, Extras, Features, Outcome, Prediction, Protocol, Subset, Targets
+from training.data.boxes import PAIR_IMAGES, read_pair_boxes
 from training.data.label_names import CHEXPERT_OUTPUTS, CHEXTEMPORAL_FINDINGS
 from training.data.pairs import COARSE, PROGRESSION, covid_pairs, nih_followup_pairs, patient_split, read_pair_manifest
 
@@ -81,6 +83,8 @@ class ChexTemporalProtocol(Protocol):
         self.classes: tuple[str, ...] = PROGRESSION
         self.findings: tuple[str, ...] = ()
         self.source = ""
+        # what a draw and its predictions leave for the extras (the hook receives the draw and outcome only)
+        self.root, self.boxes, self.encoder = Path("."), None, None
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -95,8 +99,11 @@ class ChexTemporalProtocol(Protocol):
 
     def pairs(self, root: Path) -> tuple[pd.DataFrame, tuple[str, ...], str]:
         """The labelled pairs of the source the root holds, their class set and the source's name."""
+        self.boxes = None
         if (root / self.release["manifest"]).is_file():
             table = read_pair_manifest(root / self.release["manifest"], root, CHEXTEMPORAL_FINDINGS, PROGRESSION)
+            if self.release.get("boxes") and (root / self.release["boxes"]).is_file():
+                self.boxes = read_pair_boxes(root / self.release["boxes"], table, CHEXTEMPORAL_FINDINGS)
             return table, PROGRESSION, "chextemporal"
         if (root / "pairs.csv").is_file() and (root / "metadata.csv").is_file():
             table = covid_pairs(root, threshold=float(self.covid["threshold"]), score=str(self.covid["score"]))
@@ -115,7 +122,7 @@ class ChexTemporalProtocol(Protocol):
         if table.empty:
             raise ValueError(f"no labelled pairs from the {source} source")
         table = patient_split(table, self.splits, self.seed)
-        self.classes, self.source = classes, source
+        self.classes, self.source, self.root = classes, source, root
         self.findings = tuple(f for f in CHEXTEMPORAL_FINDINGS if f in set(table["finding"]))
         size = self.versions[version]
         subsets, lines = {}, []
@@ -125,7 +132,7 @@ class ChexTemporalProtocol(Protocol):
                 part = part.head(int(size))
             labels = part["progression"].map({c: i for i, c in enumerate(classes)}).to_numpy().reshape(-1, 1)
             targets = Targets("multiclass", ("progression",), labels.astype(int), classes=classes,
-                              groups=part["finding"].to_numpy(dtype=str))  # fmt: skip
+                              groups=part["finding"].to_numpy(dtype=str), boxes=self.pair_boxes(part))  # fmt: skip
             subsets[split] = Subset(part[PAIR_TABLE].reset_index(drop=True), targets, images=("prior_path", "path"),
                                     id_column="pair_id", pool=len(table))  # fmt: skip
             counts = part["progression"].value_counts()
@@ -136,6 +143,19 @@ class ChexTemporalProtocol(Protocol):
         params = {"source": source, "classes": ",".join(classes), "findings": ",".join(self.findings)}
         return Draw(version, {"test": subsets["test"], "train": subsets["train"], "val": subsets["val"]}, params,
                     [f"source: {source}; patient-disjoint splits (seed {self.seed})", *lines])  # fmt: skip
+
+    def pair_boxes(self, part: pd.DataFrame) -> tuple[tuple[Box, ...], ...] | None:
+        """Per pair, its finding's boxes on either film (``Box.image`` names the film's column), when the release
+        has boxes."""
+        if self.boxes is None:
+            return None
+        grouped = {key: rows for key, rows in self.boxes.groupby(["pair_id", "finding"])}
+        out = []
+        for pair, finding in zip(part["pair_id"], part["finding"], strict=True):
+            rows = grouped.get((pair, finding), self.boxes.iloc[:0])
+            out.append(tuple(Box(r.finding, r.x, r.y, r.w, r.h, int(r.frame_width), int(r.frame_height),
+                                 image=PAIR_IMAGES[r.image]) for r in rows.itertuples()))  # fmt: skip
+        return tuple(out)
 
     def item_scores(self, subset: Subset, name: str, column: str, features: Features) -> np.ndarray:
         """Each pair's score for its own finding on one film (NaN where the model has none for it)."""
@@ -153,6 +173,7 @@ class ChexTemporalProtocol(Protocol):
 
     def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
         test, train, val = draw.test, draw.subsets["train"], draw.subsets["val"]
+        self.encoder = encoder
         classes = list(self.classes)
         names = lambda subset: np.asarray(classes)[subset.targets.labels[:, 0]]  # noqa: E731
         notes, methods = [], {}
@@ -231,4 +252,38 @@ class ChexTemporalProtocol(Protocol):
             sections.append(f"**Confusion, {self.methods[method]}** (rows: truth, columns: predicted)\n\n"
                             + frame_markdown(matrix))  # fmt: skip
         extras.sections.extend(sections)
+        if draw.test.targets.boxes is not None and self.encoder is not None:
+            self.ground(draw, n_boot, extras)
         return extras
+
+    def ground(self, draw: Draw, n_boot: int, extras: Extras) -> None:
+        """Grounding on the test pairs' boxes: every film of a pair that has boxes of the pair's finding is one
+        instance; pointing game and CNR of the model and the floors, overall, per finding and per source, with
+        resamples of instances."""
+        test = draw.test
+        paths, boxes, findings, sources = [], [], [], []
+        for i, its_boxes in enumerate(test.targets.boxes):
+            for column in ("prior_path", "path"):
+                on_film = tuple(b for b in its_boxes if b.image == column)
+                if on_film:
+                    paths.append(test.table[column].iloc[i])
+                    boxes.append(on_film)
+                    findings.append(test.table["finding"].iloc[i])
+                    sources.append(str(test.table["source"].iloc[i]))
+        if not paths:
+            return
+        grounded = score_heatmaps(self.encoder, self.root, paths, boxes, self.findings, self.seed)
+        groups = {"overall": np.ones(len(paths), bool)}
+        groups.update({f: np.asarray(findings) == f for f in dict.fromkeys(findings)})
+        groups.update({f"source {s}": np.asarray(sources) == s for s in dict.fromkeys(sources)})
+        table = grounding_table(grounded.methods, groups, n_boot, self.seed)
+        extras.tables["grounding"] = table
+        extras.metrics.update({f"grounding/{r.method}/{r.metric}/{r.group}": r.value for r in table.itertuples()})
+        extras.sections.append(f"**Grounding** ({len(paths)} films with boxes of their pair's finding; 95% CI over "
+                               f"resampled films)\n\n" + frame_markdown(table) + "\n\n"
+                               + "\n".join(f"- {note}" for note in grounded.notes))  # fmt: skip
+        for finding, shown in grounded.examples.items():
+            if shown:
+                images, maps, its_boxes, titles = zip(*shown, strict=True)
+                extras.figures[f"overlays_{finding.lower().replace(' ', '_')}"] = overlay_figure(
+                    images, maps, its_boxes, [f"{finding}: {t}" for t in titles])  # fmt: skip

@@ -22,10 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.benchmarks.embeddings import read_images
 from evaluation.benchmarks.encoders import Encoder, Target
-from evaluation.benchmarks.grounding import grounding_scores, overlay_figure
-from evaluation.benchmarks.heatmaps import centre_prior, heatmap_note, heatmaps, random_heatmaps
+from evaluation.benchmarks.grounding import Example, overlay_figure, score_heatmaps
 from evaluation.benchmarks.protocol import Box, Draw, Extras, Features, Outcome, Prediction, Protocol, Subset, Targets
 from evaluation.benchmarks.sampling import stratified_draw
 from training.data.boxes import read_nih_boxes
@@ -57,8 +55,7 @@ class GroundingProtocol(Protocol):
         self._targets = tuple(Target(f, prompt, negative_prompt) for f, prompt in findings.items())
         self.batch_size, self.examples = int(batch_size), int(examples)
         self.root = Path(".")
-        self.shown: dict[str, list[tuple[np.ndarray, np.ndarray, tuple[Box, ...], str]]] = {}
-        self.heatmap_note = ""
+        self.shown: dict[str, list[Example]] = {}
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -99,53 +96,16 @@ class GroundingProtocol(Protocol):
 
     def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
         test = draw.test
-        size = encoder.image_size
-        paths = test.table["path"].tolist()
-        k = len(self.findings)
-        model = np.full((len(test), k, 2), np.nan)
-        centre, noise = np.full_like(model, np.nan), np.full_like(model, np.nan)
-        prior = np.broadcast_to(centre_prior(size), (k, size, size))
-        able, flat = True, 0
-        self.shown = {f: [] for f in self.findings}
-        for start in range(0, len(test), self.batch_size):
-            rows = slice(start, start + self.batch_size)
-            images = read_images(self.root, paths[rows], size, encoder.resize)
-            boxes = test.targets.boxes[rows]
-            maps = heatmaps(encoder, images, self.findings) if able else None
-            if maps is None:
-                able = False
-            else:
-                model[rows] = grounding_scores(maps, boxes, self.findings)
-                flat += int(sum(np.ptp(maps[i, j]) == 0 for i, its in enumerate(boxes)
-                                for j, f in enumerate(self.findings) if any(b.finding == f for b in its)))  # fmt: skip
-                self.keep_examples(images, maps, boxes, paths[rows])
-            centre[rows] = grounding_scores(np.broadcast_to(prior, (len(images), k, size, size)), boxes, self.findings)
-            noise[rows] = grounding_scores(random_heatmaps(len(images), k, size, self.seed + start), boxes,
-                                           self.findings)  # fmt: skip
+        grounded = score_heatmaps(encoder, self.root, test.table["path"].tolist(), test.targets.boxes, self.findings,
+                                  self.seed, self.batch_size, self.examples)  # fmt: skip
+        self.shown = grounded.examples
         scores = test.table[["image_id", "findings"]].copy()
+        model = grounded.methods["model"]
         for j, finding in enumerate(self.findings):
-            scores[f"pg_{finding.lower()}"], scores[f"cnr_{finding.lower()}"] = model[:, j, 0], model[:, j, 1]
-        notes = [f"heatmaps at {size} px (the model's input size); floors: a centred Gaussian (sigma = size/4) and "
-                 f"uniform noise seeded with {self.seed} + batch start"]  # fmt: skip
-        if not able:
-            notes.append(f"model: no heatmaps for {encoder.description} (n/a)")
-        else:
-            notes.append(f"model heatmaps: {heatmap_note(encoder)}")
-            pairs = int(test.targets.labels.sum())
-            if flat:
-                notes.append(f"{flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores its "
-                             f"box's area share in the pointing game and 0 CNR")  # fmt: skip
-        methods = {"model": Prediction(model) if able else None, "centre": Prediction(centre),
-                   "random": Prediction(noise)}  # fmt: skip
-        return Outcome(methods, scores, notes, {"heatmap_size": size})
-
-    def keep_examples(self, images, maps, boxes, paths) -> None:
-        """The first images of each finding (in id order) with their heatmap, for the overlay figures."""
-        for i, its_boxes in enumerate(boxes):
-            for j, finding in enumerate(self.findings):
-                mine = tuple(b for b in its_boxes if b.finding == finding)
-                if mine and len(self.shown[finding]) < self.examples:
-                    self.shown[finding].append((images[i], maps[i, j], mine, Path(paths[i]).stem))
+            if model is not None:
+                scores[f"pg_{finding.lower()}"], scores[f"cnr_{finding.lower()}"] = model[:, j, 0], model[:, j, 1]
+        methods = {key: None if values is None else Prediction(values) for key, values in grounded.methods.items()}
+        return Outcome(methods, scores, grounded.notes, {"heatmap_size": encoder.image_size})
 
     def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
         values = np.asarray(prediction.scores)  # (N, K, 2)

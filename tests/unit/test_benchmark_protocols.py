@@ -47,7 +47,9 @@ def test_every_config_is_listed_with_its_description_and_loads_as_its_name():
 def test_no_name_lists_the_protocols_and_exits_zero(capsys, tmp_path):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Benchmark protocols (configs/benchmark/):\n  pneumonia  Pediatric pneumonia")
+    assert out.startswith("Benchmark protocols (configs/benchmark/):\n")
+    width = max(len(name) for name in available())  # names aligned in one column
+    assert f"\n  {'pneumonia':<{width}}  Pediatric pneumonia" in out and f"\n  {'reveal':<{width}}  REVEAL-CXR" in out
     assert "Run one: make benchmark NAME=<name>" in out
     assert cli.main(["--config-dir", str(write_toy_config(tmp_path / "configs"))]) == 0
     assert "  toy  Toy reader study: did each finding worsen between two films? [versions: all, first12]" in (

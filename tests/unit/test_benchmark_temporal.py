@@ -3,6 +3,8 @@ known answers, the methods beside the majority floor, and both through the comma
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,7 +15,7 @@ from evaluation.benchmarks.catalog import load_protocol
 from evaluation.benchmarks.protocol import BadInput
 from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
-from tests.temporal_data import write_bbox_folder, write_followup_folder
+from tests.temporal_data import RELEASE_CLASSES, write_bbox_folder, write_followup_folder, write_release_pairs
 
 
 def run(protocol, root, spec, n_boot=50):
@@ -102,3 +104,50 @@ def test_progression_methods_beside_the_majority_floor(tmp_path):
     assert {"confusion_head", "confusion_majority"} <= set(result.extras.tables)
     confusion = result.extras.tables["confusion_majority"].set_index("truth")
     assert int(confusion.to_numpy().sum()) == len(test_truth)
+
+
+# --- the CheXTemporal release: five classes, boxes on either film ------------------------------------------------
+
+
+def test_the_release_reads_five_classes_and_ties_boxes_to_their_film(tmp_path):
+    write_release_pairs(tmp_path, patients=40)
+    protocol = load_protocol("chextemporal")
+    draw = draw_subsets(protocol, tmp_path)
+    assert draw.params["source"] == "chextemporal" and protocol.classes == RELEASE_CLASSES
+    table, boxes = draw.test.table, draw.test.targets.boxes
+    for label, its_boxes in zip(table["progression"], boxes, strict=True):
+        films = sorted(box.image for box in its_boxes)
+        expected = {"new": ["path"], "resolved": ["prior_path"]}.get(label, ["path", "prior_path"])
+        assert films == expected and all(box.frame_width == 1024 for box in its_boxes)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"image": "prior", "pair_id": "pair000"}, "a new finding is absent from the prior film"),
+        ({"image": "current", "pair_id": "pair004"}, "a resolved finding is absent from the current film"),
+        ({"pair_id": "pair999"}, "'pair999' has no pair with this box's finding"),
+        ({"w": "-5"}, "a box needs a positive width and height"),
+        ({"x": "1000"}, "outside the right edge of its 1024 x 1024 frame"),
+    ],
+)
+def test_bad_release_boxes_are_named(tmp_path, change, message):
+    write_release_pairs(tmp_path, patients=10)
+    boxes = pd.read_csv(tmp_path / "chextemporal_boxes.csv", dtype=str, keep_default_na=False)
+    for column, value in change.items():
+        boxes.loc[0, column] = value
+    boxes.to_csv(tmp_path / "chextemporal_boxes.csv", index=False)
+    with pytest.raises(BadInput, match=re.escape(message)) as error:
+        draw_subsets(load_protocol("chextemporal"), tmp_path)
+    assert "chextemporal_boxes.csv line 2" in str(error.value)
+
+
+def test_release_grounding_per_finding_and_source_beside_the_floors(tmp_path):
+    write_release_pairs(tmp_path, patients=40)
+    result = run(load_protocol("chextemporal"), tmp_path, write_tiny_clip(tmp_path / "clip"))
+    table = result.extras.tables["grounding"].set_index(["method", "metric", "group"])
+    assert table.loc[("centre", "pg", "overall"), "value"] == 1.0  # every box is centred
+    assert {"Pleural Effusion", "source A", "source B"} <= set(table.index.get_level_values("group"))
+    films = sum(len({b.image for b in boxes}) for boxes in result.draw.test.targets.boxes)
+    assert "**Grounding** (" + str(films) + " films with boxes" in "\n".join(result.extras.sections)
+    assert result.extras.metrics["grounding/centre/pg/overall"] == 1.0

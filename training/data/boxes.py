@@ -212,3 +212,48 @@ def rescale_boxes(
         out[column] = out[column].to_numpy(dtype=float) * scale
     out["frame_width"], out["frame_height"] = width.astype(int), height.astype(int)
     return out
+
+
+#: Findings CheXTemporal draws no boxes for (a diffuse finding has no region).
+UNBOXED_FINDINGS: tuple[str, ...] = ("Edema",)
+#: A box table of pairs says which film of the pair a box lies on.
+PAIR_IMAGES: dict[str, str] = {"prior": "prior_path", "current": "path"}
+
+
+def read_pair_boxes(path: Path, pairs: pd.DataFrame, findings: Sequence[str]) -> pd.DataFrame:
+    """The boxes of a pair release (CheXTemporal layout), tied to their pairs and checked against the labels.
+
+    One row per box: ``pair_id``, ``image`` (``prior`` or ``current``), ``finding``, ``x``, ``y``, ``w``, ``h``,
+    ``frame_width``, ``frame_height`` (the frame the box was drawn in: CheXTemporal showed films with the shorter
+    side at 1024 px) and an optional ``correspondence_id`` linking a region across the pair. On top of
+    :func:`validate_boxes`: the pair must exist and carry that finding, a ``new`` finding has boxes only on the
+    current film and a ``resolved`` one only on the prior (it is absent from the other), and
+    :data:`UNBOXED_FINDINGS` have none.
+
+    Returns:
+        :data:`BOX_COLUMNS` (``image_id`` = ``path`` = the film's path) plus ``pair_id`` and ``image``.
+    """
+    source = str(path)
+    table = read_text_csv(path)
+    require_columns(source, table, ["pair_id", "image", "finding", *COORDINATES, "frame_width", "frame_height"])
+    first_bad(source, table, ~table["image"].isin(list(PAIR_IMAGES)).to_numpy(), "image",
+              "{value} is not prior or current")  # fmt: skip
+    by_pair = pairs.drop_duplicates(["pair_id", "finding"]).set_index(["pair_id", "finding"])
+    table["finding"] = match_vocabulary(source, table, "finding", findings, "finding")
+    known = pd.MultiIndex.from_frame(table[["pair_id", "finding"]]).isin(by_pair.index)
+    first_bad(source, table, ~known, "pair_id", "{value} has no pair with this box's finding in the pair manifest")
+    first_bad(source, table, table["finding"].isin(UNBOXED_FINDINGS).to_numpy(), "finding",
+              "{value} has no boxes in CheXTemporal (a diffuse finding)")  # fmt: skip
+    label = np.array(
+        [by_pair.loc[(p, f), "progression"] for p, f in zip(table["pair_id"], table["finding"], strict=True)]
+    )
+    first_bad(source, table, ((label == "new") & (table["image"] == "prior")).to_numpy(), "image",
+              "{value}: a new finding is absent from the prior film, so it has no box there")  # fmt: skip
+    first_bad(source, table, ((label == "resolved") & (table["image"] == "current")).to_numpy(), "image",
+              "{value}: a resolved finding is absent from the current film, so it has no box there")  # fmt: skip
+    films = [
+        by_pair.loc[(p, f), PAIR_IMAGES[i]]
+        for p, f, i in zip(table["pair_id"], table["finding"], table["image"], strict=True)
+    ]
+    table["image_id"], table["path"] = films, films
+    return validate_boxes(table, source, findings)
