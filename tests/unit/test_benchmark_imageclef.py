@@ -1,0 +1,94 @@
+"""ImageCLEF concept detection and caption prediction as benchmark plug-ins, on a tiny ROCOv2-shaped release: the
+concepts asked about, the frequency-prior and most-common-caption floors against hand-computed scores, and both
+through the command line into MLflow."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from evaluation.benchmarks import cli
+from evaluation.benchmarks.catalog import load_protocol
+from evaluation.benchmarks.protocol import BadInput
+from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from evaluation.imageclef_captions import preprocess, rouge1_f
+from tests.benchmark_data import write_tiny_clip
+from tests.imageclef_data import ABDOMEN, CHEST, MODALITY, NODULE, caption_of, concepts_of, write_rocov2
+
+
+def run(name, root, spec, n_boot=40):
+    protocol = load_protocol(name)
+    draw = draw_subsets(protocol, root)
+    return run_benchmark(protocol, draw, load_model(protocol, spec, "sqlite:///unused.db"), root, n_boot=n_boot,
+                         cache_dir=None, batch_size=16)  # fmt: skip
+
+
+def set_f1(true: set, predicted: set) -> float:
+    """F1 of two sets: 2|P & T| / (|P| + |T|) (0 when nothing is shared)."""
+    return 2 * len(true & predicted) / (len(true) + len(predicted)) if true or predicted else float("nan")
+
+
+def test_the_concepts_asked_about_are_those_frequent_in_training(tmp_path):
+    write_rocov2(tmp_path)
+    protocol = load_protocol("imageclef-concepts")
+    draw = draw_subsets(protocol, tmp_path)
+    # 40 training images: 20 CT, 20 X-ray, 14 abdomen, 26 chest, 8 nodules (< min_count 10)
+    assert sorted(t.label for t in protocol.targets) == sorted([MODALITY["ct"], MODALITY["xray"], ABDOMEN, CHEST])
+    assert len(draw.test) == 12 and draw.test.targets.concepts[0] == frozenset(concepts_of(0))
+
+
+def test_the_frequency_prior_scores_what_the_organisers_rules_give_by_hand(tmp_path):
+    write_rocov2(tmp_path)
+    result = run("imageclef-concepts", tmp_path, write_tiny_clip(tmp_path / "clip"))
+    values = result.table.set_index(["protocol", "metric"])["value"]
+    prior = set(result.scores["prior_concepts"].iloc[0].split(";"))
+    counts = Counter(c for i in range(40) for c in concepts_of(i))
+    assert prior <= set(counts) and all(counts[c] >= counts[o] for c in prior for o in set(counts) - prior)
+    primary = np.mean([set_f1(set(concepts_of(i)), prior) for i in range(12)])
+    manual_vocabulary = {MODALITY["ct"], MODALITY["xray"], ABDOMEN, CHEST}
+    secondary = np.mean([set_f1(set(concepts_of(i)) - {NODULE}, prior & manual_vocabulary) for i in range(12)])
+    assert values[("prior", "f1_primary")] == pytest.approx(primary)
+    assert values[("prior", "f1_secondary")] == pytest.approx(secondary)
+    assert 0 <= values[("model", "f1_primary")] <= 1
+
+
+def test_a_release_without_its_images_is_named(tmp_path):
+    write_rocov2(tmp_path)
+    (tmp_path / "test" / "ROCOv2_2023_test_000003.jpg").unlink()
+    with pytest.raises(BadInput, match="1 of 12 test images not found .*ROCOv2_2023_test_000003.jpg"):
+        draw_subsets(load_protocol("imageclef-concepts"), tmp_path)
+
+
+def test_the_most_common_caption_floor_and_retrieval(tmp_path):
+    write_rocov2(tmp_path)
+    result = run("imageclef-captions", tmp_path, write_tiny_clip(tmp_path / "clip"))
+    values = result.table.set_index(["protocol", "metric"])["value"]
+    constant = result.scores.columns  # the floor's caption is named in the notes
+    note = next(n for n in result.notes if n.startswith("nearest caption:"))
+    floor = note.split("most common caption: ")[1].strip("'\"")
+    assert preprocess(floor) in {preprocess(caption_of(i)) for i in range(40)}
+    expected = np.mean([rouge1_f(caption_of(i), floor) for i in range(12)])
+    assert values[("constant", "rouge1")] == pytest.approx(expected)
+    assert np.isnan(values[("constant", "bertscore")])  # the organisers' DeBERTa is not on this machine
+    assert any("bertscore: n/a (" in n and "deberta" in n.lower() for n in result.notes)
+    assert set(result.scores["nearest"]) <= {caption_of(i) for i in range(40)} and len(constant) > 0
+
+
+def test_both_through_the_command_line_into_mlflow(tmp_path, capsys):
+    write_rocov2(tmp_path / "data")
+    spec = write_tiny_clip(tmp_path / "clip")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("imageclef-concepts", "imageclef-captions"):
+        argv = ["--name", name, "--model", spec, "--data-root", str(tmp_path / "data"), "--n-boot", "20",
+                "--tracking-uri", uri, "--artifact-root", str(tmp_path / "artifacts"), "--no-cache"]  # fmt: skip
+        assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| F1, all concepts (primary) | " in out and "| ROUGE-1 F (secondary) | " in out
+    client = MlflowClient(uri)
+    concepts = client.search_runs([client.get_experiment_by_name("benchmark-imageclef-concepts").experiment_id])[0]
+    assert 0 <= concepts.data.metrics["prior/f1_primary"] <= 1
+    captions = client.search_runs([client.get_experiment_by_name("benchmark-imageclef-captions").experiment_id])[0]
+    assert "constant/rouge1" in captions.data.metrics and "constant/bertscore" not in captions.data.metrics

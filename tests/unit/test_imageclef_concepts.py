@@ -1,0 +1,260 @@
+"""ImageCLEFmedical concept detection: hand-computed F1s, the left-out rules, run-file errors and the run writer."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.metrics import f1_score
+
+from evaluation.imageclef_concepts import (
+    MANUAL_2025,
+    MAX_CONCEPTS,
+    ConceptFileError,
+    concept_f1,
+    frequency_prior,
+    image_f1,
+    manual_vocabulary,
+    per_image_f1,
+    read_concepts,
+    read_run,
+    write_run,
+)
+
+A, B, C, D, E = "C0000001", "C0000002", "C0000003", "C0000004", "C0000005"
+IDS = ["img1", "img2", "img3"]
+
+
+def write(path, text: str):
+    path.write_text(text)
+    return path
+
+
+def evaluator_f1(true, predicted) -> float:
+    """The organisers' computation, independently: sklearn binary F1 over the sorted union of both sets."""
+    union = sorted(set(true) | set(predicted))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # precision is ill-defined for an empty prediction; sklearn scores 0
+        return float(f1_score([int(c in true) for c in union], [int(c in predicted) for c in union], average="binary"))
+
+
+# ------------------------------------------------------------------------------------------------ the F1 itself
+
+
+def test_partial_overlap():
+    # T = {A, B, C}, P = {A, B, D, E}: tp = 2, fp = 2, fn = 1 -> F1 = 2*2 / (2*2 + 2 + 1) = 4/7
+    assert image_f1({A, B, C}, {A, B, D, E}) == pytest.approx(4 / 7)
+    # precision 2/4, recall 2/3 -> 2 * (1/2 * 2/3) / (1/2 + 2/3) = (2/3) / (7/6) = 4/7 as well
+    assert image_f1({A, B, C}, {A, B, D, E}) == pytest.approx(2 * (0.5 * 2 / 3) / (0.5 + 2 / 3))
+    assert image_f1({A}, {A}) == 1.0
+    assert image_f1({A}, {B}) == 0.0  # tp = 0
+
+
+def test_empty_prediction_scores_zero_and_empty_truth_is_left_out():
+    assert image_f1({A, B}, set()) == 0.0  # tp = 0 against a non-empty truth
+    assert math.isnan(image_f1(set(), {A}))  # empty truth: not scored
+    assert math.isnan(image_f1(set(), set()))
+
+
+def test_empty_truth_images_leave_the_mean():
+    truth = {"x": {A, B}, "y": set(), "z": {C}}
+    run = {"x": [A], "y": [A, B], "z": [C, D]}
+    # x: tp 1, |T| 2, |P| 1 -> 2/3;  z: tp 1, |T| 1, |P| 2 -> 2/3;  y: empty truth, left out
+    # mean over the 2 scored images = 2/3 (NOT (2/3 + 2/3 + 0) / 3 = 4/9)
+    ids, values = per_image_f1(truth, run)
+    assert ids == ("x", "y", "z")
+    assert values[0] == pytest.approx(2 / 3) and math.isnan(values[1]) and values[2] == pytest.approx(2 / 3)
+    assert concept_f1(truth, run) == pytest.approx(2 / 3)
+
+
+def test_every_truth_empty_is_nan_with_a_warning_not_a_zero_division():
+    truth = {"x": set(), "y": frozenset()}
+    with pytest.warns(RuntimeWarning, match="every image is left out"):
+        assert math.isnan(concept_f1(truth, {"x": [A], "y": []}))
+    # the secondary rule: the truth is non-empty but nothing of it is allowed
+    with pytest.warns(RuntimeWarning, match="allowed-filtered"):
+        assert math.isnan(concept_f1({"x": {A}}, {"x": [A]}, allowed={B}))
+
+
+def test_case_and_spaces_do_not_matter():
+    # run "c0000001" vs truth "C0000001" -> one hit; |T| 1, |P| 2 -> 2/3
+    assert concept_f1({"x": {A}}, {"x": [" c0000001 ", "c0000002"]}) == pytest.approx(2 / 3)
+    assert concept_f1({"x": {A.lower()}}, {"x": [A]}) == 1.0
+
+
+def test_secondary_filter():
+    allowed = {A, B}
+    truth = {"x": {A, D}, "y": {D}, "z": {A, B}}
+    run = {"x": [A, E], "y": [A], "z": [B]}
+    # primary: x tp 1 |T| 2 |P| 2 -> 1/2;  y tp 0 -> 0;  z tp 1 |T| 2 |P| 1 -> 2/3;  mean (1/2 + 0 + 2/3)/3 = 7/18
+    assert concept_f1(truth, run) == pytest.approx(7 / 18)
+    # secondary: x -> T {A}, P {A} (E is outside the allowed set: it does not count against the prediction) -> 1
+    #            y -> T {} after filtering: left out;  z -> T {A, B}, P {B} -> 2/3;  mean (1 + 2/3)/2 = 5/6
+    ids, values = per_image_f1(truth, run, allowed)
+    assert values[0] == 1.0 and math.isnan(values[1]) and values[2] == pytest.approx(2 / 3)
+    assert concept_f1(truth, run, allowed) == pytest.approx(5 / 6)
+    assert concept_f1(truth, run, {a.lower() for a in allowed}) == pytest.approx(5 / 6)  # allowed set's case too
+
+
+def test_equals_sklearn_per_image_on_random_sets():
+    rng = np.random.default_rng(0)
+    vocabulary = [f"C{n:07d}" for n in range(12)]
+    truth, run = {}, {}
+    for i in range(400):
+        true = set(rng.choice(vocabulary, rng.integers(0, 6), replace=False))
+        predicted = set(rng.choice(vocabulary, rng.integers(0, 8), replace=False))
+        truth[f"i{i}"], run[f"i{i}"] = true, sorted(predicted)
+        if true:
+            assert image_f1(true, predicted) == pytest.approx(evaluator_f1(true, predicted), abs=1e-12)
+    # the evaluator's mean: sum over non-empty truths / their number
+    scored = [evaluator_f1(truth[i], run[i]) for i in truth if truth[i]]
+    assert 0 < len(scored) < len(truth)
+    assert concept_f1(truth, run) == pytest.approx(sum(scored) / len(scored), abs=1e-12)
+    allowed = set(vocabulary[:5])
+    kept = [(truth[i] & allowed, set(run[i]) & allowed) for i in truth]
+    scored = [evaluator_f1(t, p) for t, p in kept if t]
+    assert concept_f1(truth, run, allowed) == pytest.approx(sum(scored) / len(scored), abs=1e-12)
+
+
+def test_run_must_match_the_truth_ids():
+    with pytest.raises(ValueError, match="misses 1 of the 2"):
+        concept_f1({"x": {A}, "y": {B}}, {"x": [A]})
+    with pytest.raises(ValueError, match="not in the truth"):
+        concept_f1({"x": {A}}, {"x": [A], "q": [B]})
+    with pytest.raises(ValueError, match="truth is empty"):
+        concept_f1({}, {})
+
+
+# ------------------------------------------------------------------------------------------------ ground truth
+
+
+def test_read_concepts_plain_and_gzip(tmp_path):
+    text = f"ID,CUIs\nimg1,{A};{B.lower()}\nimg2,\nimg3,{C}\n"
+    plain = read_concepts(write(tmp_path / "gt.csv", text))
+    assert plain == {"img1": frozenset({A, B}), "img2": frozenset(), "img3": frozenset({C})}
+    assert list(plain) == IDS
+    with gzip.open(tmp_path / "gt.csv.gz", "wt") as handle:
+        handle.write(text)
+    assert read_concepts(tmp_path / "gt.csv.gz") == plain
+    assert read_concepts(write(tmp_path / "noheader.csv", f"img1,{A}\n")) == {"img1": frozenset({A})}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"ID,CUIs\nimg1,{A}\nimg2,C12345\n", r"gt\.csv, line 3: malformed CUI 'C12345' for 'img2'"),
+        (f"ID,CUIs\nimg1,{A};\n", r"line 2: malformed CUI ''"),
+        (f"ID,CUIs\nimg1,{A};X0000001\n", r"line 2: malformed CUI 'X0000001'"),
+        (f"ID,CUIs\nimg1,{A}\nimg2,{B}\nimg1,{C}\n", r"line 4: image id 'img1' given twice \(first on line 2\)"),
+        ("", r"gt\.csv: no rows"),
+        ("ID,CUIs\n", r"gt\.csv: no rows"),
+        (f"ID,CUIs\nimg1\nimg2,{A}\n", r"line 2: expected 2 fields"),
+        (f"ID,CUIs\nimg1,{A},{B}\n", r"line 2: expected 2 fields"),
+        (f"ID,CUIs\n,{A}\n", r"line 2: empty image id"),
+    ],
+)
+def test_ground_truth_errors(tmp_path, text, message):
+    with pytest.raises(ConceptFileError, match=message):
+        read_concepts(write(tmp_path / "gt.csv", text))
+
+
+# ------------------------------------------------------------------------------------------------ run files
+
+
+def test_read_run_rules_that_pass(tmp_path):
+    text = f"ID,CUIs\nimg2, {B.lower()} ;{A}\nimg1\nimg3,\n"  # header, spaces, lower case, id alone, empty cell
+    run = read_run(write(tmp_path / "run.csv", text), IDS)
+    assert run == {"img2": (B, A), "img1": (), "img3": ()}
+    assert read_run(write(tmp_path / "bare.csv", f"img1,{A}\nimg2,{A}\nimg3,{A}\n"), iter(IDS))["img3"] == (A,)
+    # the evaluator does not check that a predicted concept is a CUI: anything else is just a false positive
+    assert read_run(write(tmp_path / "odd.csv", "img1,foo\nimg2\nimg3\n"), IDS)["img1"] == ("FOO",)
+    many = ";".join(f"C{n:07d}" for n in range(MAX_CONCEPTS))
+    assert len(read_run(write(tmp_path / "max.csv", f"img1,{many}\nimg2\nimg3\n"), IDS)["img1"]) == MAX_CONCEPTS
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"img1,{A}\nimg9,{A}\nimg3\n", r"run\.csv, line 2: image id 'img9' is not in the test set"),
+        (f"ID,CUIs\nimg1,{A}\nimg2\nimg1,{B}\n", r"line 4: image id 'img1' given twice \(first on line 2\)"),
+        (f"img1,{A};{B};{A}\nimg2\nimg3\n", rf"line 1: concept '{A}' given more than once for 'img1'"),
+        (f"img1,{A};{A.lower()}\nimg2\nimg3\n", rf"line 1: concept '{A}' given more than once"),
+        (
+            "img1,{}\nimg2\nimg3\n".format(";".join(f"C{n:07d}" for n in range(101))),
+            r"line 1: 101 concepts.*at most 100",
+        ),
+        (f"img1,{A}\nimg3,{B}\n", r"run\.csv: the run has 2 of the 3 test images; 1 missing \('img2'\)"),
+        (f"img1,{A},{B}\nimg2\nimg3\n", r"line 1: 3 fields"),
+        (f"img1,{A};;{B}\nimg2\nimg3\n", r"line 1: empty concept"),
+        (f"img1,{A};\nimg2\nimg3\n", r"line 1: empty concept"),
+        (f"img1,{A}\n\nimg2\nimg3\n", r"line 2: blank line"),
+        ("", r"the run has 0 of the 3 test images"),
+    ],
+)
+def test_run_errors(tmp_path, text, message):
+    with pytest.raises(ConceptFileError, match=message):
+        read_run(write(tmp_path / "run.csv", text), IDS)
+
+
+def test_run_line_numbers_count_physical_lines(tmp_path):
+    # a header and a quoted cell: the error on the 4th line of the file says line 4
+    text = f'ID,CUIs\nimg1,"{A};{B}"\nimg2\nimg2\n'
+    with pytest.raises(ConceptFileError, match="line 4: image id 'img2' given twice"):
+        read_run(write(tmp_path / "run.csv", text), IDS)
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def test_write_run_round_trip(tmp_path):
+    predictions = {"img3": [C], "img1": [B, f" {A.lower()} ", B, A], "img2": []}
+    path = tmp_path / "run.csv"
+    back = write_run(path, predictions, IDS)
+    # test-id order; de-duplicated keeping first occurrence, caller's order, upper-cased; empty -> id alone
+    assert path.read_text() == f"img1,{B};{A}\nimg2\nimg3,{C}\n"
+    assert back == read_run(path, IDS) == {"img1": (B, A), "img2": (), "img3": (C,)}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.csv"]  # no temporary left
+    write_run(path, predictions, IDS, header=True)
+    assert path.read_text().startswith("ID,CUIs\n") and read_run(path, IDS) == back
+    gz = tmp_path / "run.csv.gz"
+    write_run(gz, predictions, IDS)
+    assert gz.read_bytes()[:2] == b"\x1f\x8b" and read_run(gz, IDS) == back
+    truth = {"img1": {A, B}, "img2": {C}, "img3": {C}}
+    assert concept_f1(truth, back) == pytest.approx((1 + 0 + 1) / 3)
+
+
+@pytest.mark.parametrize(
+    ("predictions", "message"),
+    [
+        ({"img1": [A], "img2": [A]}, "1 test ids have no prediction"),
+        ({"img1": [A], "img2": [A], "img3": [A], "img9": [A]}, "not test ids"),
+        ({"img1": ["foo"], "img2": [], "img3": []}, "'FOO' is not a CUI"),
+        ({"img1": [f"C{n:07d}" for n in range(101)], "img2": [], "img3": []}, "101 concepts"),
+    ],
+)
+def test_write_run_refuses_before_writing(tmp_path, predictions, message):
+    path = tmp_path / "run.csv"
+    with pytest.raises(ValueError, match=message):
+        write_run(path, predictions, IDS)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="repeats"):
+        write_run(path, {"img1": [A]}, ["img1", "img1"])
+
+
+# ------------------------------------------------------------------------------------------------ baselines
+
+
+def test_frequency_prior_and_manual_vocabulary():
+    train = {"a": {A, B}, "b": {A, C}, "c": {A, B, D}, "d": {C, B}, "e": {E}}
+    # counts: A 3, B 3, C 2, D 1, E 1; sizes 2 2 3 2 1 -> median 2; ties broken by CUI (A before B)
+    assert frequency_prior(train) == (A, B)
+    assert frequency_prior(train, k=3) == (A, B, C)
+    assert frequency_prior(train, k=0) == ()
+    assert frequency_prior(train, k=10) == (A, B, C, D, E)
+    # sizes 1 and 2: median 1.5 rounds half up to 2
+    assert frequency_prior({"a": {A}, "b": {A, B}}) == (A, B)
+    assert manual_vocabulary({"a": {A, B}, "b": frozenset(), "c": {b.lower() for b in [C]}}) == {A, B, C}
+    assert len(MANUAL_2025) == 15 and all(len(cui) == 8 and cui.startswith("C") for cui in MANUAL_2025)
