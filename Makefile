@@ -48,8 +48,9 @@ evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<ru
 	@test -n "$(RUN)" || { echo "usage: make evaluate RUN=<run id> [ARGS=...]"; exit 2; }
 	$(PY) -m evaluation.cli run=$(RUN) $(ARGS)
 
-score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=manifest.csv [SPLIT=test]
-	$(PY) -m evaluation.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK)
+score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=manifest.csv [SPLIT=test]; concept tasks: PREDICTIONS=<run file> MANIFEST=<ID,CUIs table> [MANUAL=<manual table>] [NAMES=cui_mapping.csv]
+	$(PY) -m evaluation.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK) \
+		$(if $(MANUAL),--manual '$(MANUAL)') $(if $(NAMES),--names '$(NAMES)') $(if $(SECONDARY),--secondary $(SECONDARY))
 
 TRIALS ?= 20
 SEARCH ?= default
@@ -70,9 +71,10 @@ serve: setup ## Serve the champion over REST on 127.0.0.1:5000: make serve TASK=
 	MLFLOW_TRACKING_URI="$$($(TRACKING_URI))" PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
 		--env-manager local -h 127.0.0.1 -p $(PORT)
 
-submit: setup ## Validated submission CSV: make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv]
+submit: setup ## Validated submission (CSV; ImageCLEF run file for concept tasks): make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv] [THRESHOLDS=global|per_class]
 	$(PY) -m evaluation.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
-		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)')
+		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)') \
+		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS))
 
 NAME ?=
 VERSION ?=

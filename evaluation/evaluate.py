@@ -59,6 +59,9 @@ class Evaluation:
     #: ``evaluation.per_class_metrics``: whether :func:`store` logs ``test/<key>/<class>`` as metrics as well as in
     #: the per-class table. Carried here so every caller of ``store`` honours the run's config.
     per_class_metrics: bool = True
+    #: ``{label: readable name}`` where the data source has one (ROCOv2's CUI -> concept name); shown beside the
+    #: label in the per-class table and the report.
+    label_titles: dict[str, str] = field(default_factory=dict)
 
 
 def predict(model, datamodule, split: str, predictor: TTAPredictor | None = None) -> np.ndarray:
@@ -141,7 +144,9 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
     metrics.update({f"test/source/{name}/{k}": v for name, values in sources.items() for k, v in values.items()})
     metrics["test/prevalence_baseline_mAP"] = prevalence_baseline_map(test_targets)
     per_class_metrics = bool(cfg.evaluation.get("per_class_metrics", True))
-    return Evaluation(sets, metrics, predictions, labels, groups, prevalence, sources, per_class_metrics)
+    titles = dict(getattr(datamodule.source, "label_titles", None) or {})
+    return Evaluation(sets, metrics, predictions, labels, groups, prevalence, sources, per_class_metrics,
+                      {name: titles[name] for name in labels if name in titles})  # fmt: skip
 
 
 def _predict_perturbed(model, datamodule, cfg) -> np.ndarray:

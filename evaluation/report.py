@@ -123,9 +123,11 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         "| class | train prevalence | AP | AUROC | F1@0.5 | ECE |",
         "|---|---|---|---|---|---|",
     ]
+    titles = getattr(evaluation, "label_titles", None) or {}
     for c, name in enumerate(evaluation.labels):
         cells = [f"{m[k]:.4f}" if k in m else "-" for k in (f"test/{x}/{name}" for x in ("ap", "auroc", "f1", "ece"))]
-        lines.append(f"| {name} | {evaluation.train_prevalence[c]:.3%} | " + " | ".join(cells) + " |")
+        shown = f"{name} ({titles[name]})" if name in titles else name
+        lines.append(f"| {shown} | {evaluation.train_prevalence[c]:.3%} | " + " | ".join(cells) + " |")
     if plots:
         lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path.write_text("\n".join(lines) + "\n")

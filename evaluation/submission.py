@@ -18,15 +18,40 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 from training.data.label_names import ORGANISER_SPELLING, canonical_name
 
 ID_COLUMN = "ImageID"
 MAX_LISTED = 10  # problems listed per kind before summarising
+TASK_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "task"
+#: What a task submits and ``make score`` reads (``submission_format`` in ``configs/task/<task>.yaml``):
+#: ``probabilities``, the CXR-LT CSV of this module (the default); ``concepts``, ImageCLEF's run file of predicted
+#: concept sets (:mod:`evaluation.imageclef_concepts`).
+SUBMISSION_FORMATS = ("probabilities", "concepts")
 
 
 class SubmissionError(ValueError):
     """A submission that must not be sent; the message lists each problem and where it is."""
+
+
+def task_setting(task: str, key: str, default):
+    """``key`` of ``configs/task/<task>.yaml``, or ``default`` when the task has no config or no such key."""
+    path = TASK_CONFIGS / f"{task}.yaml"
+    if not path.is_file():
+        return default
+    value = OmegaConf.load(path).get(key)
+    return default if value is None else value
+
+
+def submission_format(task: str) -> str:
+    """The task's :data:`SUBMISSION_FORMATS` entry (``probabilities`` unless its config says otherwise)."""
+    kind = str(task_setting(task, "submission_format", "probabilities"))
+    if kind not in SUBMISSION_FORMATS:
+        raise SubmissionError(
+            f"configs/task/{task}.yaml: submission_format {kind!r} is not one of {SUBMISSION_FORMATS}"
+        )
+    return kind
 
 
 @dataclass(frozen=True)

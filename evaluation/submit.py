@@ -10,11 +10,19 @@ checkpoint ensemble of the challenge's winners. Every member must predict the sa
 
 The file is validated (:mod:`evaluation.submission`) before it is written, then logged to each member's source
 run under ``submissions/``.
+
+What is written depends on the task (``submission_format`` in ``configs/task/<task>.yaml``,
+:data:`WRITERS`): the CXR-LT probability CSV (``probabilities``, the default), or, for concept detection
+(``task=rocov2_concepts``), ImageCLEF's run file (``concepts``): each test image's concepts at or above thresholds
+chosen on the source run's validation split to maximise the mean per-image F1 (:mod:`evaluation.concept_thresholds`,
+``--thresholds global|per_class``), written and validated by :func:`evaluation.imageclef_concepts.write_run`, with
+the thresholds beside it (``<out>.thresholds.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import tempfile
@@ -28,9 +36,20 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
+from evaluation.concept_tables import read_ids, split_concepts, truth_matrix
+from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
+from evaluation.imageclef_concepts import write_run
 from evaluation.registry import ALIAS, model_name
 from evaluation.serving import Scorer
-from evaluation.submission import SubmissionError, Template, build_submission, validate, validate_file
+from evaluation.submission import (
+    SubmissionError,
+    Template,
+    build_submission,
+    submission_format,
+    task_setting,
+    validate,
+    validate_file,
+)
 from evaluation.tta import TTAPredictor
 from training.data.images import read_grayscale
 from training.errors import user_errors
@@ -111,6 +130,87 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
     return frame
 
 
+def validation_concept_thresholds(manifest: Path, root: Path, members: Sequence[Scorer], tta: TTAPredictor | None,
+                                  mode: str) -> ConceptThresholds:  # fmt: skip
+    """Thresholds maximising the mean per-image F1 on the validation split of ``manifest`` (the first member's own
+    data, :func:`run_manifest`).
+
+    The ensemble predicts the validation images exactly as it predicts the test images (same members, same TTA),
+    so the thresholds fit the scores they are applied to. The truth is each image's full concept set (the
+    manifest's ``concepts`` column; the label columns when a manifest has none), so true concepts outside the
+    model's labels count as missed, as the official score counts them.
+    """
+    table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    rows = table[table["split"] == "val"].reset_index(drop=True)
+    if rows.empty:
+        raise SubmissionError(f"{manifest}: no validation rows to choose the concept thresholds on")
+    labels = members[0].labels
+    if "concepts" in rows:
+        sets = [split_concepts(cell) for cell in rows["concepts"]]
+    else:
+        sets = [frozenset(name for name in labels if row[name] == "1") for _, row in rows.iterrows()]
+    truth, missed = truth_matrix(sets, labels)
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], tta)
+    return choose_thresholds(truth, probs, mode, missed)
+
+
+def submit_concepts(client: MlflowClient, models: Sequence[str], out: Path, template_path: Path | None = None,
+                    manifest: Path | None = None, root: Path | None = None, split: str = "test",
+                    tta: str | None = None, mode: str = "per_class"
+                    ) -> tuple[dict[str, tuple[str, ...]], ConceptThresholds]:  # fmt: skip
+    """Predict each test image's concepts, write and log the ImageCLEF run file; returns it and the thresholds.
+
+    The test ids are the template's (any CSV whose first column lists them, e.g. the organisers' test table) or the
+    split's rows of the manifest; every one gets a line, with no concept when none reaches its threshold.
+    """
+    members = [Scorer.load(uri, client) for uri in models]
+    labels = members[0].labels
+    for member in members[1:]:
+        if member.labels != labels:
+            raise SubmissionError(f"ensemble members disagree on concepts: run {member.run_id} predicts other ones")
+    own = run_manifest(client, members[0].run_id)  # its validation split chooses the thresholds
+    manifest, root = own if manifest is None else (manifest, root or manifest.parent)
+    rows = rows_to_predict(
+        manifest, None if template_path else split, read_ids(template_path) if template_path else None
+    )
+    predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
+    chosen = validation_concept_thresholds(*own, members, predictor, mode)
+    log.info("thresholds (%s) on validation: mean per-image F1 %.4f (one global threshold %.3f: %.4f)", mode,
+             chosen.val_f1, chosen.global_threshold, chosen.global_f1)  # fmt: skip
+    log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor)
+    ids = rows["image_id"].tolist()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run = write_run(out, dict(zip(ids, predicted_concepts(probs, chosen.thresholds, labels), strict=True)), ids)
+    sidecar = out.with_name(out.name + ".thresholds.json")
+    sidecar.write_text(json.dumps(chosen.to_dict(labels), indent=1) + "\n")
+    for run_id in dict.fromkeys(m.run_id for m in members if m.run_id):
+        client.log_artifact(run_id, str(out), "submissions")
+        client.log_artifact(run_id, str(sidecar), "submissions")
+        client.set_tag(run_id, "cxrlt.last_submission", out.name)
+    return run, chosen
+
+
+def _write_probabilities(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
+    frame = submit(client, models, out, args.template, args.manifest, args.root, args.split, args.tta)
+    return f"wrote {out}: {len(frame)} rows x {frame.shape[1] - 1} classes, validated; logged to the source run(s)"
+
+
+def _write_concepts(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
+    mode = args.thresholds or str(task_setting(args.task, "thresholds", "per_class"))
+    if mode not in MODES:
+        raise SubmissionError(f"thresholds {mode!r} is not one of {sorted(MODES)}")
+    run, chosen = submit_concepts(client, models, out, args.template, args.manifest, args.root, args.split, args.tta,
+                                  mode)  # fmt: skip
+    return (f"wrote {out}: ImageCLEF run file, {len(run)} images, {sum(len(c) for c in run.values())} concepts "
+            f"predicted; {mode} thresholds (validation F1 {chosen.val_f1:.4f}) in {out.name}.thresholds.json; "
+            "logged to the source run(s)")  # fmt: skip
+
+
+#: The task's ``submission_format`` -> what ``make submit`` writes (see the module docstring).
+WRITERS = {"probabilities": _write_probabilities, "concepts": _write_concepts}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="task1")
@@ -121,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--tta", default=None, help="a configs/tta/<name>.yaml, e.g. default or multicrop")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--thresholds",
+        default=None,
+        choices=sorted(MODES),
+        help="concept tasks: how thresholds are chosen on validation (default: the task's)",
+    )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -130,10 +236,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
     with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, debug=args.debug):
-        frame = submit(tracking_client(uri), models, out, args.template, args.manifest, args.root, args.split,
-                       args.tta)  # fmt: skip
-    log.info("wrote %s: %d rows x %d classes, validated; logged to the source run(s)", out, len(frame),
-             frame.shape[1] - 1)  # fmt: skip
+        message = WRITERS[submission_format(args.task)](tracking_client(uri), models, out, args)
+    log.info("%s", message)
 
 
 if __name__ == "__main__":

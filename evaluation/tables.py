@@ -54,7 +54,8 @@ def per_class_metric_names(evaluation) -> set[str]:
 def per_class_table(evaluation) -> pd.DataFrame:
     """One row per class in label order: every per-class value of the plain test set (column ``test/ap`` holds
     metric ``test/ap/<class>``), the AP of each other metric set (``test_tta/ap``, ``test_perturbed/ap``: per class
-    nowhere else), then the class's head-to-tail group, training prevalence and test positives.
+    nowhere else), then the class's head-to-tail group, training prevalence and test positives, and the class's
+    readable name where the data source gives one (``name``: a ROCOv2 concept's name beside its CUI).
 
     ``test/ap`` comes right after ``class`` because the *Artifact evaluation* view compares the first column after
     the one it groups by. A value that is undefined (a class without test positives has no AP) stays missing
@@ -72,6 +73,9 @@ def per_class_table(evaluation) -> pd.DataFrame:
     columns["group"] = [group_of.get(i, "") for i in range(len(labels))]
     columns["train_prevalence"] = np.asarray(evaluation.train_prevalence, dtype=float)
     columns["test_positives"] = [int((test[f"true/{name}"] == 1).sum()) for name in labels]
+    titles = getattr(evaluation, "label_titles", None) or {}
+    if titles:  # a label that is a code (a UMLS CUI) gets its name, last so `test/ap` stays next to `class`
+        columns["name"] = [titles.get(name, "") for name in labels]
     return pd.DataFrame(columns)
 
 

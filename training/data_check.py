@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from training.data.check import check_dataset
+from training.data.sources import manifest_vocabulary, task_labels
 from training.errors import hydra_user_errors, run_hydra_entry
 
 
@@ -22,8 +23,10 @@ def main(cfg: DictConfig) -> None:
     manifest = source.prepare()
     extra = list(cfg.data.get("extra_columns") or []) + list(getattr(source, "extra_columns", ()))
     task = cfg.get("task")
-    labels = [*task.labels, *(task.get("unseen") or [])] if task is not None else None
-    report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4, labels=labels)
+    labels = [*task_labels(task, source), *(task.get("unseen") or [])] if task is not None else None
+    report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4, labels=labels,
+                           vocabulary=manifest_vocabulary(source),
+                           patient_ids=getattr(source, "patient_ids", True))  # fmt: skip
     print(f"manifest: {manifest}\nimages:   {source.root}\n\n{report.render()}")
     sys.exit(1 if report.errors else 0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning.pytorch as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from evaluation.report import summary_lines
 from evaluation.test_phase import run_test_phase
@@ -17,6 +17,7 @@ from training.checkpoint_io import AtomicCheckpointIO
 from training.components import build_component
 from training.console import console_callbacks, quiet_lightning
 from training.data.datamodule import CXRDataModule
+from training.data.sources import task_labels
 from training.distributed import forget_shared, process_of, share_from_rank_zero
 from training.models.factory import model_from_config
 from training.models.module import MultiLabelClassifier
@@ -29,11 +30,21 @@ log = logging.getLogger(__name__)
 
 
 def build_datamodule(cfg: DictConfig) -> CXRDataModule:
-    """The data module a config describes (source, task labels, augmentation, sampler)."""
+    """The data module a config describes (source, task labels, augmentation, sampler).
+
+    A task with ``labels: null`` takes its labels from the data source (:func:`training.data.sources.task_labels`);
+    they are written into ``cfg.task.labels`` here, so the model built from ``cfg`` afterwards, the run's stored
+    ``config.yaml`` and every later reload of the run (evaluate, register, serve, submit) have the same list.
+    """
+    # A zero-shot task (task.unseen) trains on a manifest copy without the unseen label columns.
+    source = guard_unseen(instantiate(cfg.data.source), cfg.task.get("unseen"))
+    labels = task_labels(cfg.task, source)
+    if cfg.task.get("labels") is None:
+        with open_dict(cfg.task):
+            cfg.task.labels = labels
     return CXRDataModule(
-        # A zero-shot task (task.unseen) trains on a manifest copy without the unseen label columns.
-        source=guard_unseen(instantiate(cfg.data.source), cfg.task.get("unseen")),
-        labels=list(cfg.task.labels),
+        source=source,
+        labels=labels,
         image_size=cfg.data.image_size,
         batch_size=cfg.data.batch_size,
         num_workers=cfg.data.num_workers,

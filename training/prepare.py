@@ -13,8 +13,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
-from training.data.findings import KNOWN_FINDINGS
 from training.data.manifest import ManifestError, check_manifest
+from training.data.sources import manifest_vocabulary
 from training.errors import hydra_user_errors, run_hydra_entry
 
 
@@ -24,7 +24,9 @@ def main(cfg: DictConfig) -> None:
     source = instantiate(cfg.data.source)
     manifest = source.prepare()
     extra = list(cfg.data.get("extra_columns") or []) + list(getattr(source, "extra_columns", ()))
-    found = check_manifest(manifest, None, KNOWN_FINDINGS, root=source.root, extra_columns=extra, check_files=False)
+    found = check_manifest(
+        manifest, None, manifest_vocabulary(source), root=source.root, extra_columns=extra, check_files=False
+    )
     if found.problems:
         raise ManifestError(f"{manifest}: {len(found.problems)} problem(s), no cache was built:\n  "
                             + "\n  ".join(found.problems))  # fmt: skip

@@ -209,3 +209,112 @@ def test_empty_label_table_is_named(tmp_path):
     (root / "labels.csv").write_text("")
     with pytest.raises(AdapterError, match=r"labels\.csv: empty file"):
         TableSource(str(root), out_dir=str(tmp_path / "m")).prepare()
+
+
+def rocov2_release(root, tables=None, images=None, gz=(), names=True):
+    """A tiny ROCOv2 layout: ``tables`` maps the split folder to its concept table's text."""
+    tables = tables or {
+        "train": "ID,CUIs\nr_train_1,C1306645;C0817096;C0032227\nr_train_2,C1306645;C0032227\n"
+                 "r_train_3,C1306645;C0000001\n",
+        "valid": "ID,CUIs\nr_valid_1,C1306645;C0032227;C0000002\nr_valid_2,\n",
+        "test": "ID,CUIs\nr_test_1,C1306645\n",
+    }  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
+    for folder, text in tables.items():
+        ids = [line.split(",")[0] for line in text.splitlines()[1:] if line.strip()]
+        for image_id in ids if images is None else images.get(folder, ids):
+            image(root / folder / f"{image_id}.jpg")
+        name = f"{folder}_concepts.csv"
+        if folder in gz:
+            import gzip
+
+            (root / f"{name}.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            (root / name).write_text(text)
+    if names:
+        (root / "cui_mapping.csv").write_text("CUI,Canonical name\nC1306645,Plain x-ray\nC0032227,Pleural effusion\n")
+    return root
+
+
+def test_rocov2_release_to_manifest_with_the_labels_from_the_training_counts(tmp_path):
+    from training.data.adapters.rocov2 import ROCOv2Source
+    from training.data.sources import manifest_vocabulary
+
+    root = rocov2_release(tmp_path / "rocov2", gz=("valid",))
+    source = ROCOv2Source(str(root), min_count=2, out_dir=str(tmp_path / "m"))
+    # C1306645 (3 training images), C0032227 (2); C0817096 and C0000001 (1 each) stay in `concepts` only.
+    assert source.labels == ("C1306645", "C0032227")
+    assert source.label_titles == {"C1306645": "Plain x-ray", "C0032227": "Pleural effusion"}
+    path = source.prepare()
+    table = read(path)
+    assert list(table.columns) == ["image_id", "path", "split", "patient_id", "source", "view", "concepts",
+                                   "C1306645", "C0032227"]  # fmt: skip
+    assert table["split"].tolist() == ["train"] * 3 + ["val"] * 2 + ["test"]
+    assert table["path"].tolist()[3] == "valid/r_valid_1.jpg"  # the gzipped table was found and read
+    assert (table["patient_id"] == table["image_id"]).all()  # no patient ids in ROCOv2: each image its own
+    assert table["concepts"].tolist()[0] == "C1306645;C0817096;C0032227"
+    assert table["concepts"].tolist()[4] == ""  # an image without concepts
+    assert table["C0032227"].tolist() == ["1", "1", "0", "1", "0", "0"]
+    manifest = load_manifest(path, list(source.labels), manifest_vocabulary(source), root=root,
+                             extra_columns=source.extra_columns)  # fmt: skip
+    assert manifest.class_counts("train").tolist() == [3, 2]
+    assert ROCOv2Source(str(root), min_count=1, out_dir=str(tmp_path / "m")).labels[:2] == ("C1306645", "C0032227")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("ID,CUIs\nr_train_1,C1306645;C03\n", r"train_concepts\.csv, line 2, column 'CUIs': 'C03' is not a CUI"),
+        ("ID,CUIs\nr_train_1,c1306645\nr_train_2,C130664X\n", r"line 3, column 'CUIs': 'C130664X' is not a CUI"),
+        ("ID,CUIs\nr_train_1,C1306645\nr_train_1,C1306645\n", r"'r_train_1' duplicated on lines \[2, 3\]"),
+        ("ID,CUIs\n", r"train_concepts\.csv: a header without rows"),
+        ("", r"train_concepts\.csv: empty file"),
+        ("Image,Concepts\nr_train_1,C1306645\n", r"train_concepts\.csv, line 1: header"),
+        ("ID,CUIs\n1.23457E+11,C1306645\n", r"line 2, column 'ID': '1.23457E\+11' looks like a number"),
+    ],
+)
+def test_rocov2_table_errors_name_the_file_line_and_value(tmp_path, table, message):
+    from training.data.adapters.rocov2 import ROCOv2Source
+
+    root = rocov2_release(tmp_path / "r", tables={"train": table, "valid": "ID,CUIs\nv1,C1306645\n",
+                                                  "test": "ID,CUIs\nt1,C1306645\n"})  # fmt: skip
+    with pytest.raises(AdapterError, match=message):
+        ROCOv2Source(str(root), out_dir=str(tmp_path / "m")).prepare()
+
+
+def test_rocov2_id_in_two_tables_and_missing_image_are_named(tmp_path):
+    from training.data.adapters.rocov2 import ROCOv2Source
+
+    tables = {"train": "ID,CUIs\na,C1306645\nb,C1306645\n", "valid": "ID,CUIs\nv,C1306645\n",
+              "test": "ID,CUIs\nx,C1306645\na,C1306645\n"}  # fmt: skip
+    root = rocov2_release(tmp_path / "r", tables=tables)
+    with pytest.raises(
+        AdapterError, match=r"test_concepts\.csv, line 3, column 'ID': 'a' is also on line 2 of .*train"
+    ):
+        ROCOv2Source(str(root), out_dir=str(tmp_path / "m")).prepare()
+    tables["test"] = "ID,CUIs\nx,C1306645\n"
+    root = rocov2_release(tmp_path / "s", tables=tables, images={"train": ["a"]})
+    with pytest.raises(
+        AdapterError, match=r"train_concepts\.csv, line 3, column 'ID': 'b' has no image .*train/b\.jpg"
+    ):
+        ROCOv2Source(str(root), out_dir=str(tmp_path / "m")).prepare()
+    with pytest.raises(
+        AdapterError, match=r"no CUI is carried by 5 or more training images \(the most frequent by 2\)"
+    ):
+        ROCOv2Source(str(root), min_count=5, out_dir=str(tmp_path / "m")).prepare()
+    with pytest.raises(AdapterError, match=r"concept table not found: .*train_concepts\.csv"):
+        ROCOv2Source(str(tmp_path), out_dir=str(tmp_path / "m")).prepare()
+
+
+def test_a_task_without_labels_takes_the_adapters_and_needs_one_that_declares_them(tmp_path):
+    from omegaconf import OmegaConf
+
+    from training.data.adapters.rocov2 import ROCOv2Source
+    from training.data.sources import ManifestSource, TaskLabelsError, task_labels
+
+    source = ROCOv2Source(str(rocov2_release(tmp_path / "r")), min_count=2, out_dir=str(tmp_path / "m"))
+    free = OmegaConf.create({"name": "rocov2_concepts", "labels": None})
+    assert task_labels(free, source) == ["C1306645", "C0032227"]
+    assert task_labels(OmegaConf.create({"name": "t", "labels": ["C0032227"]}), source) == ["C0032227"]
+    with pytest.raises(TaskLabelsError, match="takes its labels from the data.*declares none"):
+        task_labels(free, ManifestSource(str(tmp_path / "manifest.csv")))

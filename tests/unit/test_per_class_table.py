@@ -153,3 +153,18 @@ def test_the_default_config_keeps_per_class_metrics_and_documents_the_switch():
     config = OmegaConf.load(ROOT / "configs/evaluation/default.yaml")
     assert config.per_class_metrics is True
     assert Evaluation.__dataclass_fields__["per_class_metrics"].default is True  # older stored configs lack the key
+
+
+def test_labels_with_readable_names_get_them_in_the_table_and_the_report(tmp_path):
+    """A data source naming its labels (ROCOv2: CUI -> concept name) puts the name last in the table, after the
+    columns the UI compares, and beside the label in the report; without names nothing changes."""
+    evaluation = _evaluation()
+    plain = per_class_table(evaluation)
+    assert "name" not in plain.columns
+    evaluation.label_titles = {"Hernia": "Hiatal hernia", "Nodule": "Lung nodule"}
+    table = per_class_table(evaluation)
+    assert list(table.columns) == [*plain.columns, "name"]
+    assert table["name"].tolist() == ["", "Hiatal hernia", "", "Lung nodule"]
+    _, artifacts, _ = _store(evaluation, tmp_path)
+    report = artifacts["evaluation/report.md"].decode()
+    assert "| Hernia (Hiatal hernia) |" in report and "| Cardiomegaly |" in report

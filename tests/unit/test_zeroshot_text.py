@@ -61,6 +61,8 @@ def _task_labels() -> dict[str, list[str]]:
     out = {}
     for path in sorted((PROJECT_ROOT / "configs" / "task").glob("*.yaml")):
         cfg = yaml.safe_load(path.read_text())
+        if cfg.get("labels") is None:  # labels from the data (rocov2_concepts: UMLS CUIs), not findings to describe
+            continue
         out[path.stem] = list(cfg.get("labels") or []) + list(cfg.get("unseen") or [])
     return out
 

@@ -36,7 +36,8 @@ class DataReport:
 
 
 def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: bool = False, workers: int = 4,
-                  size: int = 64, labels: Sequence[str] | None = None) -> DataReport:  # fmt: skip
+                  size: int = 64, labels: Sequence[str] | None = None,
+                  vocabulary: Sequence[str] = KNOWN_FINDINGS, patient_ids: bool = True) -> DataReport:  # fmt: skip
     """Counts per class and split with head-to-tail groups, patients per split, overlaps, and unreadable files.
 
     Args:
@@ -48,12 +49,16 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         size: decode size when ``decode`` (small: only readability is checked).
         labels: a task's label columns, when one is given (``+task=<name>``): they must then be present, as
             training requires; without a task every known finding column counts as a label.
+        vocabulary: the label names the manifest may hold (the platform's findings, plus the labels an adapter
+            declares: :func:`training.data.sources.manifest_vocabulary`).
+        patient_ids: False when the release has no patient ids (ROCOv2: each image is its own patient), so that
+            patient-disjointness cannot be checked and the report says so instead of "patient-disjoint".
 
     Raises:
         ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).
     """
     report = DataReport(source=str(manifest_path))
-    found = check_manifest(manifest_path, labels, KNOWN_FINDINGS, root=root, extra_columns=extra_columns,
+    found = check_manifest(manifest_path, labels, vocabulary, root=root, extra_columns=extra_columns,
                            check_files=False)  # fmt: skip
     report.errors += found.problems
     table = found.table
@@ -76,7 +81,11 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
     spread = table.groupby("patient_id")["split"].unique()
     shared = spread[spread.map(len) > 1]
     overlaps = [f"patient {p!r} in {sorted(s)}" for p, s in shared.items()]
-    report.sections["patients shared between splits"] = "\n".join(overlaps[:20]) or "none (patient-disjoint)"
+    report.sections["patients shared between splits"] = "\n".join(overlaps[:20]) or (
+        "none (patient-disjoint)"
+        if patient_ids
+        else "not checkable: the release has no patient ids (each image is its own patient)"
+    )
 
     check = (lambda path: read_grayscale(path, size)) if decode else check_file
 

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
 from training.data.dataset import ManifestDataset
-from training.data.findings import KNOWN_FINDINGS
 from training.data.manifest import Manifest, load_manifest
+from training.data.sources import manifest_vocabulary
 from training.data.transforms import build_transform, stream_seed
 from training.samplers.base import SamplingStrategy
 from training.samplers.distributed import EvalShardSampler, TrainShardSampler
@@ -126,7 +126,7 @@ class CXRDataModule(L.LightningDataModule):
             return
         manifest_path = getattr(self, "manifest_path", None) or self.source.prepare()
         self.manifest = load_manifest(
-            manifest_path, self.labels, KNOWN_FINDINGS, root=self.source.root,
+            manifest_path, self.labels, manifest_vocabulary(self.source), root=self.source.root,
             extra_columns=self.extra_columns + tuple(getattr(self.source, "extra_columns", ())),
         )  # fmt: skip
         self.store = self._cached_images()
@@ -186,7 +186,8 @@ class CXRDataModule(L.LightningDataModule):
             ValueError: the manifest has no such columns or its test rows differ from the training manifest's.
         """
         manifest_path = getattr(self.source, "full_manifest", None) or self.source.prepare()
-        full = load_manifest(manifest_path, list(unseen), KNOWN_FINDINGS, root=self.source.root, check_files=False,
+        full = load_manifest(manifest_path, list(unseen), manifest_vocabulary(self.source), root=self.source.root,
+                             check_files=False,
                              extra_columns=tuple(getattr(self.source, "extra_columns", ())))  # fmt: skip
         rows = self.split_frame("test")
         full_rows = full.split("test").iloc[: len(rows)]

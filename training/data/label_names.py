@@ -113,3 +113,42 @@ CHEXPERT_OUTPUTS: dict[str, tuple[tuple[str, ...], str]] = {
     "Pneumonia": (("Pneumonia",), "same finding"),
     "Pneumothorax": (("Pneumothorax",), "same finding"),
 }
+
+
+#: ROCOv2 (ImageCLEFmedical 2024 Caption) concepts that describe an NIH chest film's acquisition, in ROCOv2's own
+#: vocabulary (UMLS CUIs): every NIH film is a plain radiograph of the chest, PA or AP. The four are among the
+#: release's manually validated concepts (``*_concepts_manual.csv``: modality, body region, direction).
+ROCOV2_PLAIN_RADIOGRAPH = "C1306645"  # modality "Plain x-ray"
+ROCOV2_CHEST = "C0817096"  # body region "Chest"
+ROCOV2_VIEW_CUIS: dict[str, str] = {"PA": "C1996865", "AP": "C1999039"}  # "Postero-Anterior", "Antero-Posterior"
+
+#: NIH ChestX-ray14 finding (``Data_Entry_2017`` spelling) -> the UMLS CUI ROCOv2 uses for it. "No Finding" has no
+#: concept: such a film carries only its acquisition concepts (above). Evidence, checked on ROCOv2's own tables
+#: (``../shared/data/rocov2-text``: how many of the 59,962 training images carry the CUI, and how many of the
+#: valid/test images carrying it have a caption naming the finding); CUIs ROCOv2 never uses are marked UNSURE:
+#: they are the UMLS concept as we know it, not checked against a UMLS release here, and a model trained on ROCOv2
+#: can never predict them.
+NIH_FINDING_CUIS: dict[str, str] = {
+    "Atelectasis": "C0004144",  # "Atelectasis": 193 train; 88/97 captions say atelectasis
+    # UNSURE of the UMLS name: ROCOv2 never uses C0018800 ("Cardiomegaly"); C2733397 is the concept its captions
+    # saying cardiomegaly carry (228 train; 75/84 captions say cardiomegaly).
+    "Cardiomegaly": "C2733397",
+    "Consolidation": "C0521530",  # UNSURE: UMLS "Lung consolidation"; absent from ROCOv2 (no concept of its own)
+    "Edema": "C0034063",  # "Pulmonary edema": 128 train; 45/45 captions say edema/oedema
+    "Effusion": "C0032227",  # "Pleural effusion": 746 train; 303/303 captions say effusion
+    # ROCOv2's emphysema concept (89 train; 28/28 captions say emphysema), UMLS "Emphysema"; "Pulmonary emphysema"
+    # C0034067 never occurs in ROCOv2.
+    "Emphysema": "C0013990",
+    "Fibrosis": "C0034069",  # "Pulmonary fibrosis": 25 train; 10/11 captions say fibrosis
+    # UNSURE of the UMLS name: NIH's hernia is hiatal; ROCOv2 never uses "Hiatal hernia" C0019291, and C3489393 is
+    # the concept of its hiatal-hernia captions (26 train; 23/24 captions say hiatal).
+    "Hernia": "C3489393",
+    "Infiltration": "C0332448",  # "Infiltration": 417 train; 128/128 captions say infiltrat*
+    # UNSURE: UMLS "Mass of body structure"; ROCOv2 has no lung-mass concept. (C0024109, sometimes quoted for
+    # "mass of lung", is UMLS "Lung", the organ.)
+    "Mass": "C0577559",
+    "Nodule": "C0028259",  # "Nodule": 738 train; 294/294 captions say nodule ("Lung nodule" C0034079 never occurs)
+    "Pleural_Thickening": "C0264545",  # UNSURE: UMLS "Pleural thickening"; absent from ROCOv2
+    "Pneumonia": "C0032285",  # "Pneumonia": 178 train; 87/98 captions say pneumonia
+    "Pneumothorax": "C0032326",  # "Pneumothorax": 313 train; 145/145 captions say pneumothorax
+}

@@ -11,6 +11,48 @@ import hashlib
 import json
 from pathlib import Path
 
+from training.data.findings import KNOWN_FINDINGS
+from training.errors import UserError
+
+
+class TaskLabelsError(UserError, ValueError):
+    """A task that leaves its labels to the data (``labels: null``) on a data source that declares none."""
+
+
+def task_labels(task, source) -> list[str]:
+    """The label columns a task trains on: its own ``labels:`` list, or the data source's when it has none.
+
+    A task whose labels depend on the data (ROCOv2's concepts: the CUIs seen at least ``task.min_count`` times in
+    training) sets ``labels: null``; an adapter's ``labels`` (the columns it writes, in order) then become the
+    task's. The pipeline writes them into the run's config (:func:`training.pipeline.build_datamodule`), so the
+    model, the stored ``config.yaml`` and every reload of the run use that exact list.
+
+    Args:
+        task: the ``task`` config node (``labels`` a list, or None).
+        source: the data source (an adapter; the leak guard's wrapper passes ``labels`` through).
+
+    Raises:
+        TaskLabelsError: ``labels: null`` with a source that declares no labels (a manifest, the synthetic set).
+    """
+    if task.get("labels") is not None:
+        return list(task.labels)
+    declared = getattr(source, "labels", None)
+    if not declared:
+        raise TaskLabelsError(f"task {task.get('name')!r} takes its labels from the data (labels: null), but the data "
+                              f"source {getattr(source, 'name', type(source).__name__)!r} declares none; choose the "
+                              "data config of an adapter that lists its label columns (e.g. data=rocov2)")  # fmt: skip
+    return list(declared)
+
+
+def manifest_vocabulary(source) -> tuple[str, ...]:
+    """The label columns a source's manifest may hold: the platform's findings plus the labels the source declares.
+
+    An adapter with a vocabulary of its own (ROCOv2's CUIs) declares it as its ``labels``; without this, the
+    manifest check would refuse those columns as unknown findings (docs/rules.md §6). Call it after ``prepare()``
+    (the generic table adapter knows its labels once it has read its table).
+    """
+    return tuple(dict.fromkeys((*KNOWN_FINDINGS, *(getattr(source, "labels", None) or ()))))
+
 
 class ManifestSource:
     """An existing manifest CSV, with images relative to ``root`` (default: the CSV's folder).

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from training.data.manifest import META_COLUMNS
@@ -41,6 +42,9 @@ class AdapterSource:
 
     #: Non-label, non-metadata columns this adapter writes (declared to the manifest validator).
     extra_columns: tuple[str, ...] = ()
+    #: Whether the release identifies patients; without (ROCOv2), every image is its own patient and
+    #: patient-disjointness of the splits cannot be checked (``make data-check`` says so).
+    patient_ids: bool = True
 
     def __init__(
         self,
@@ -75,10 +79,7 @@ class AdapterSource:
             raise AdapterError(f"data root not found or not a folder: {self.root}")
         table = self.assign_splits(self.build())
         columns = [c for c in META_COLUMNS if c in table.columns] + list(self.extra_columns) + list(self.labels)
-        table = table[columns].copy()
-        for label in self.labels:  # 1 / 0 / empty, as the manifest contract spells them
-            table[label] = table[label].map(lambda v: "" if pd.isna(v) else str(int(v)))
-        return self._write(table)
+        return self._write(table[columns].copy())
 
     def assign_splits(self, table: pd.DataFrame) -> pd.DataFrame:
         """Give unassigned rows train/val(/test) by iterative stratification over patients.
@@ -116,7 +117,7 @@ class AdapterSource:
             {"adapter": type(self).__name__, "root": str(self.root.resolve()), **self.key()}, sort_keys=True
         )
         path = self.out_dir / f"{self.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}.csv"
-        text = table.to_csv(index=False, lineterminator="\n")
+        text = manifest_text(table, list(self.labels))
         if path.is_file() and path.read_text() == text:
             return path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,3 +130,28 @@ class AdapterSource:
     def key(self) -> dict:
         """Arguments that change the manifest (split fractions and seed; subclasses add theirs)."""
         return {"val": self.val_fraction, "test": self.test_fraction, "seed": self.seed}
+
+
+def manifest_text(table: pd.DataFrame, labels: list[str]) -> str:
+    """The manifest CSV of ``table``, whose last columns are ``labels`` (1 / 0 / NaN), written as 1 / 0 / empty.
+
+    The label block is written as bytes in one array operation when it holds only 0 and 1 (every release so far,
+    and the only way a release with hundreds of label columns, ROCOv2's concepts, writes in seconds and without
+    a Python string per cell); otherwise pandas writes it from a nullable integer column. Both give the same text.
+    """
+    values = table[labels].to_numpy(dtype=np.float64)  # (N, C)
+    meta = table.drop(columns=labels)
+    newline_in_meta = meta.astype(str).apply(lambda column: column.str.contains("[\r\n]")).to_numpy().any()
+    if list(table.columns[len(meta.columns) :]) != labels or not len(table) or not labels or newline_in_meta \
+            or not np.isin(values, (0.0, 1.0)).all():  # fmt: skip
+        cells = pd.DataFrame(np.trunc(values), index=table.index, columns=labels).astype("Int64")
+        return pd.concat([meta, cells], axis=1).to_csv(index=False, lineterminator="\n")
+    head, *rows = meta.to_csv(index=False, lineterminator="\n").split("\n")[:-1]
+    header = pd.DataFrame(columns=labels).to_csv(index=False, lineterminator="\n").rstrip("\n")
+    width = 2 * len(labels)
+    block = np.full((len(table), width), ord(","), dtype=np.uint8)  # (N, 2C): digit, comma, digit, ..., newline
+    block[:, 0::2] = values.astype(np.uint8) + ord("0")
+    block[:, -1] = ord("\n")
+    digits = block.tobytes().decode("ascii")
+    return "".join([f"{head},{header}\n", *(f"{row},{digits[i * width : (i + 1) * width]}" for i, row in
+                                              enumerate(rows))])  # fmt: skip
