@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.benchmarks.catalog import load_protocol
+from evaluation.benchmarks.catalog import available, load_protocol
 from evaluation.benchmarks.models import load_encoder
 from evaluation.benchmarks.platform_models import ModelNotFound, PlatformRunEncoder
 from evaluation.benchmarks.runner import draw_subsets
@@ -131,4 +131,5 @@ def test_make_benchmark_without_a_name_lists_the_protocols_and_a_bad_name_is_one
     bad = subprocess.run(["make", "-s", "benchmark", "NAME=pneumonai", "MODEL=clip:x", "DATA_ROOT=/nonexistent"],
                          env=run_env, capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
-    assert "make benchmark: unknown benchmark 'pneumonai'; known: pneumonia" in bad.stderr
+    known = ", ".join(available())
+    assert f"make benchmark: unknown benchmark 'pneumonai'; known: {known} (configs in" in bad.stderr
