@@ -9,6 +9,8 @@ import cv2
 import numpy as np
 import pandas as pd
 
+from tests.dicom_files import write_display_dicom
+
 FINDINGS = ("airspace_opacity", "nodule_mass", "pneumothorax", "fracture")
 READERS = ("4295232296", "4323195249", "4326829894", "0042")  # ids are text: one has a leading zero
 
@@ -52,35 +54,6 @@ def write_reader_folder(root: Path, n: int = 24, size: int = 40, seed: int = 0) 
     return reads
 
 
-def write_dicom(path: Path, pixels: np.ndarray, photometric: str = "MONOCHROME2", tags: dict | None = None,
-                pixel_data: bool = True) -> Path:  # fmt: skip
-    """An 8-bit radiograph as DICOM with the identity window (centre 128, width 256): it decodes to ``pixels``.
-    MONOCHROME1 stores the inverted values, as such a file would."""
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import DigitalXRayImageStorageForPresentation, ExplicitVRLittleEndian, generate_uid
-
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = DigitalXRayImageStorageForPresentation
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
-    ds.Modality = "DX"
-    ds.Rows, ds.Columns = pixels.shape
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-    ds.WindowCenter, ds.WindowWidth = 128, 256
-    for key, value in (tags or {}).items():
-        setattr(ds, key, value)
-    if pixel_data:
-        stored = 255 - pixels if photometric == "MONOCHROME1" else pixels
-        ds.PixelData = np.ascontiguousarray(stored, dtype=np.uint8).tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ds.save_as(path, enforce_file_format=True)
-    return path
-
-
 def acquisition_tags(i: int) -> dict:
     return {"Manufacturer": ("Acme", "Zenith")[i % 2], "ManufacturerModelName": "DR-1", "ViewPosition": ("PA", "AP")[i % 2],
             "KVP": 100 + 5 * (i % 4), "Exposure": 2 + i % 3, "PixelSpacing": [0.139, 0.139]}  # fmt: skip
@@ -100,7 +73,7 @@ def dicom_copy(source: Path, target: Path) -> None:
     for i, rel in enumerate(images):
         pixels = decode(source / rel)
         photometric = ("MONOCHROME2", "MONOCHROME1")[i % 2]
-        write_dicom(target / rel.replace(".png", ".dcm"), pixels, photometric, acquisition_tags(i))
+        write_display_dicom(target / rel.replace(".png", ".dcm"), pixels, photometric, acquisition_tags(i))
 
 
 def write_release_folder(root: Path, n: int = 12, size: int = 32) -> pd.DataFrame:
@@ -112,9 +85,9 @@ def write_release_folder(root: Path, n: int = 12, size: int = 32) -> pd.DataFram
         study = f"REVEAL-{i:03d}"
         t = truth(i)
         frontal = np.clip(rng.normal(90, 12, (size, size)) + 50 * t["airspace_opacity"], 0, 255).astype(np.uint8)
-        write_dicom(root / "images" / study / "1_lateral.dcm", np.zeros((size, size), np.uint8),
+        write_display_dicom(root / "images" / study / "1_lateral.dcm", np.zeros((size, size), np.uint8),
                     tags={**acquisition_tags(i), "ViewPosition": "LL"})  # fmt: skip
-        write_dicom(root / "images" / study / "2_frontal.dcm", frontal, tags=acquisition_tags(i))
+        write_display_dicom(root / "images" / study / "2_frontal.dcm", frontal, tags=acquisition_tags(i))
         rows.append({"study_id": study, "airspace_opacity": t["airspace_opacity"], "lung_nodule": t["nodule_mass"],
                      "pneumothorax": t["pneumothorax"], "agreement": ("3/3", "2")[i % 3 == 0],
                      "subset": ("released", "holdout")[i % 2]})  # fmt: skip

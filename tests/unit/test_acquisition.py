@@ -8,28 +8,12 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from evaluation.benchmarks.acquisition import FIELDS, MISSING, balance, counts, format_balance, read_characteristics
+from tests import dicom_files
 
 
 def write_dicom(path, **tags):
-    """A minimal valid DICOM file (as ``tests/unit/test_images.py`` writes them) with the given header tags."""
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
-
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
-    ds.Rows, ds.Columns = 4, 4
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
-    for keyword, value in tags.items():
-        setattr(ds, keyword, value)
-    ds.PixelData = np.zeros((4, 4), np.uint16).tobytes()
-    ds.save_as(path, enforce_file_format=True)
-    return path
+    """A 4x4 12-bit file with the given header tags: only the header matters here."""
+    return dicom_files.write_dicom(path, np.zeros((4, 4), np.uint16), tags=tags)
 
 
 def test_header_values_are_read(tmp_path):

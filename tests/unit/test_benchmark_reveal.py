@@ -23,7 +23,8 @@ from evaluation.benchmarks.reader_study import read_reader_table, read_release
 from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import PROJECT_ROOT
-from tests.reveal_data import READERS, dicom_copy, truth, write_dicom, write_reader_folder, write_release_folder
+from tests.dicom_files import write_display_dicom
+from tests.reveal_data import READERS, dicom_copy, truth, write_reader_folder, write_release_folder
 from training.data.label_names import REVEAL_LABELS, REVEAL_OUTPUTS
 
 pytest.importorskip("pydicom")
@@ -94,7 +95,7 @@ def corrupt(kind, root):
         (root / reads["image"][0]).unlink()
     elif kind == "no pixel data":
         dicom_copy(root, root / "dicom")
-        write_dicom(root / "dicom" / reads["image"][0].replace(".png", ".dcm"), np.zeros((4, 4), np.uint8),
+        write_display_dicom(root / "dicom" / reads["image"][0].replace(".png", ".dcm"), np.zeros((4, 4), np.uint8),
                     pixel_data=False)  # fmt: skip
         return root / "dicom"
     return root

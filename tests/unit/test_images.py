@@ -6,6 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
+from tests.dicom_files import write_dicom, write_display_dicom
 from training.data.images import ImageDecodeError, decode, read_grayscale, resize_crop, resize_pad, to_uint8
 
 pydicom = pytest.importorskip("pydicom")
@@ -14,27 +15,6 @@ pydicom = pytest.importorskip("pydicom")
 def gradient(height=40, width=60, high=255, dtype=np.uint8):
     """Left-to-right ramp, so orientation and inversion are visible in one row."""
     return np.tile(np.linspace(0, high, width), (height, 1)).astype(dtype)
-
-
-def write_dicom(path, pixels, photometric="MONOCHROME2", window=None):
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
-
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
-    ds.Rows, ds.Columns = pixels.shape
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
-    if window:
-        ds.WindowCenter, ds.WindowWidth = window
-    ds.PixelData = pixels.astype(np.uint16).tobytes()
-    ds.save_as(path, enforce_file_format=True)
-    return path
 
 
 def test_16bit_png_is_stretched_between_percentiles(tmp_path):
@@ -115,34 +95,13 @@ def test_to_uint8_constant_image_does_not_divide_by_zero():
     assert (to_uint8(np.full((4, 4), 1234, np.uint16)) == 0).all()
 
 
-def write_8bit_dicom(path, pixels, photometric="MONOCHROME2"):
-    """An 8-bit image as DICOM with the identity window (centre 128, width 256); MONOCHROME1 stores it inverted."""
-    from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, SecondaryCaptureImageStorage, generate_uid
-
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = SecondaryCaptureImageStorage, generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
-    ds.Rows, ds.Columns = pixels.shape
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, photometric
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-    ds.WindowCenter, ds.WindowWidth = 128, 256
-    stored = 255 - pixels if photometric == "MONOCHROME1" else pixels
-    ds.PixelData = stored.astype(np.uint8).tobytes()
-    ds.save_as(path, enforce_file_format=True)
-    return path
-
-
 @pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
 def test_8bit_dicom_with_the_identity_window_decodes_to_its_png_pixels(tmp_path, photometric):
     image = np.random.default_rng(1).integers(0, 256, (30, 20)).astype(np.uint8)
     image[0, 0], image[0, 1] = 37, 200  # neither extreme needed: no stretch between the image's own min and max
     image = np.clip(image, 20, 230).astype(np.uint8)
     cv2.imwrite(str(tmp_path / "a.png"), image)
-    decoded = decode(write_8bit_dicom(tmp_path / "a.dcm", image, photometric))
+    decoded = decode(write_display_dicom(tmp_path / "a.dcm", image, photometric))
     assert decoded.dtype == np.uint8 and np.array_equal(decoded, image)
     assert np.array_equal(read_grayscale(tmp_path / "a.dcm", 16), read_grayscale(tmp_path / "a.png", 16))
 
