@@ -6,11 +6,16 @@ the metrics code never materialises resampled arrays: it weights the original im
 ``np.random.default_rng(SeedSequence(seed, spawn_key=(b,)))`` -- the ``b``-th child of
 ``np.random.default_rng(seed).spawn(B)`` -- so any resample can be regenerated on its own and the result does not
 depend on how resamples are split into chunks.
+
+With ``strata`` (one label per image, e.g. its source hospital) every resample draws each stratum's images from
+that stratum only, so each resample keeps every stratum's count: the CI of a pooled test set made of two fixed-size
+test sets then reflects the sampling of each set, not a reshuffled mix of the two. One stratum gives exactly the
+unstratified draws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -25,6 +30,24 @@ def resample_generator(seed: int, b: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
 
 
+def strata_members(strata: Sequence | np.ndarray | None, n_items: int) -> list[np.ndarray] | None:
+    """Image indices of each stratum, strata in sorted order (so the draws do not depend on row order of labels)."""
+    if strata is None:
+        return None
+    labels = np.asarray(strata)
+    if labels.shape != (n_items,):
+        raise ValueError(f"strata must hold one label per item: shape {labels.shape}, expected ({n_items},)")
+    _, codes = np.unique(labels.astype(str), return_inverse=True)
+    return [np.flatnonzero(codes == k) for k in range(codes.max() + 1)] if n_items else []
+
+
+def _draw(generator: np.random.Generator, n_items: int, members: list[np.ndarray] | None) -> np.ndarray:
+    """One resample's indices: with replacement over all items, or within each stratum."""
+    if members is None:
+        return generator.integers(0, n_items, size=n_items)
+    return np.concatenate([m[generator.integers(0, m.size, size=m.size)] for m in members])
+
+
 def _check_range(n_items: int, n_boot: int, start: int, stop: int | None) -> int:
     if n_items < 1:
         raise ValueError(f"need at least one item to resample, got n_items={n_items}")
@@ -34,7 +57,8 @@ def _check_range(n_items: int, n_boot: int, start: int, stop: int | None) -> int
     return stop
 
 
-def resample_indices(n_items: int, n_boot: int, seed: int, *, start: int = 0, stop: int | None = None) -> np.ndarray:
+def resample_indices(n_items: int, n_boot: int, seed: int, *, start: int = 0, stop: int | None = None,
+                     strata: Sequence | np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Image indices of resamples ``start..stop-1``: row ``b`` is resample ``start + b`` drawn with replacement.
 
     Args:
@@ -43,29 +67,33 @@ def resample_indices(n_items: int, n_boot: int, seed: int, *, start: int = 0, st
         seed: integer seed; the same seed always gives the same resamples.
         start: first resample to return.
         stop: one past the last resample to return (default ``n_boot``).
+        strata: ``(N,)`` label per image; each resample then draws every stratum within itself (module docstring).
 
     Returns:
-        ``(stop - start, N)`` int64 indices.
+        ``(stop - start, N)`` int64 indices (with strata: grouped by stratum, strata in sorted order).
     """
     stop = _check_range(n_items, n_boot, start, stop)
+    members = strata_members(strata, n_items)
     out = np.empty((stop - start, n_items), dtype=np.int64)  # (b, N)
     for row, b in enumerate(range(start, stop)):
-        out[row] = resample_generator(seed, b).integers(0, n_items, size=n_items)
+        out[row] = _draw(resample_generator(seed, b), n_items, members)
     return out
 
 
-def resample_counts(n_items: int, n_boot: int, seed: int, *, start: int = 0, stop: int | None = None) -> np.ndarray:
-    """How many times each image is drawn in resamples ``start..stop-1`` (the same draws as ``resample_indices``).
+def resample_counts(n_items: int, n_boot: int, seed: int, *, start: int = 0, stop: int | None = None,
+                    strata: Sequence | np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """How many times each image is drawn in resamples ``start..stop-1`` (the same draws as ``resample_indices``,
+    ``strata`` as there).
 
     Returns:
         ``(stop - start, N)`` float64 counts; each row sums to ``N``. Float so it feeds matrix products directly
         (integer counts up to ``N`` are exact in float64).
     """
     stop = _check_range(n_items, n_boot, start, stop)
+    members = strata_members(strata, n_items)
     out = np.empty((stop - start, n_items), dtype=np.float64)  # (b, N)
     for row, b in enumerate(range(start, stop)):
-        drawn = resample_generator(seed, b).integers(0, n_items, size=n_items)
-        out[row] = np.bincount(drawn, minlength=n_items)
+        out[row] = np.bincount(_draw(resample_generator(seed, b), n_items, members), minlength=n_items)
     return out
 
 
@@ -74,16 +102,17 @@ def auto_chunk(n_items: int, n_boot: int, chunk_bytes: int = CHUNK_BYTES) -> int
     return int(max(1, min(max(int(n_boot), 1), chunk_bytes // (8 * max(int(n_items), 1)))))
 
 
-def iter_count_chunks(n_items: int, n_boot: int, seed: int, chunk: int) -> Iterator[tuple[slice, np.ndarray]]:
+def iter_count_chunks(n_items: int, n_boot: int, seed: int, chunk: int,
+                      strata: Sequence | np.ndarray | None = None) -> Iterator[tuple[slice, np.ndarray]]:  # fmt: skip
     """Yield ``(rows, counts)`` for consecutive chunks of resamples; ``counts`` is ``(len(rows), N)``.
 
-    Memory is bounded by one chunk whatever ``n_boot`` is.
+    Memory is bounded by one chunk whatever ``n_boot`` is. ``strata`` as in :func:`resample_indices`.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     for start in range(0, n_boot, chunk):
         stop = min(start + chunk, n_boot)
-        yield slice(start, stop), resample_counts(n_items, n_boot, seed, start=start, stop=stop)
+        yield slice(start, stop), resample_counts(n_items, n_boot, seed, start=start, stop=stop, strata=strata)
 
 
 def percentile_ci(samples: np.ndarray, ci: float = 0.95) -> tuple[float, float]:

@@ -19,7 +19,40 @@ from evaluation.metric_registry import SUITE
 from evaluation.suite import DROPPED_SUFFIX
 
 HEADLINE = SUITE.headline()
-"""Rows of the headline table: the registry's metrics that every metric set has (not the ``*_valthr`` ones)."""
+"""The registry's metrics that every metric set has (not the ``*_valthr`` ones), in registry order."""
+#: What the report and the terminal say about a held-out subset drawn from the training split (docs/rules.md §10).
+TRAINED_ON_CAVEAT = "the model saw these cases in training: optimistic"
+
+
+def ranking_chain() -> tuple[str, ...]:
+    """The challenge's ranking chain, read from the registry on every call: mAP, then the tie-breaks in order."""
+    return tuple(metric.name for metric in SUITE.tie_break_chain())
+
+
+def chain_rule() -> str:
+    """The chain as one sentence, lower-is-better metrics marked (docs/rules.md §2)."""
+    lower = SUITE.lower_is_better()
+    names = [f"{name} (lower wins)" if name in lower else name for name in ranking_chain()]
+    return f"ranked by {names[0]}, ties broken by " + ", then ".join(names[1:]) if len(names) > 1 else names[0]
+
+
+def chain_header() -> str:
+    """The short form for a terminal line: ``ranking chain; lower mECE wins``."""
+    lower = [name for name in ranking_chain() if name in SUITE.lower_is_better()]
+    return "ranking chain" + (f"; lower {', '.join(lower)} wins" if lower else "")
+
+
+def headline_rows() -> tuple[str, ...]:
+    """Rows of every headline table: the whole ranking chain in chain order, then the other headline metrics
+    (``ECE_pooled``), so a reader can rank two runs top-down without knowing the rule."""
+    chain = ranking_chain()
+    return chain + tuple(name for name in SUITE.headline() if name not in chain)
+
+
+def chain_summary(metrics: dict[str, float], prefix: str, digits: int = 3) -> str:
+    """``mAP 0.258 [0.251, 0.283], mAUROC 0.774 [...], ...``: every chain metric of ``prefix``, in chain order; a
+    missing one shows as ``-`` rather than vanishing, so a gap in the chain is visible."""
+    return ", ".join(f"{name} {_ci(metrics, f'{prefix}/{name}', digits)}" for name in ranking_chain())
 
 
 def _ci(metrics: dict, key: str, digits: int = 4) -> str:
@@ -46,7 +79,7 @@ def interval_notes(evaluation) -> list[str]:
                 continue
             rule = "mAUROC" if metric == "mAUROC" else "mAP"  # AUROC also needs a negative; the rest a positive
             dropped = result.metrics.get(f"{rule}{DROPPED_SUFFIX}")
-            why = (f"{int(dropped)} of {result.n_boot} resamples left out a class the test set defines"
+            why = (f"{int(dropped)} of {result.n_boot} resamples left out a class these images define"
                    if dropped is not None else "resamples left out classes")  # fmt: skip
             notes.append(f"{prefix}/{metric} {value:.4f} lies outside its 95% CI [{low:.4f}, {high:.4f}]: {why} "
                          "(the challenge's rule, docs/rules.md §3).")  # fmt: skip
@@ -54,10 +87,9 @@ def interval_notes(evaluation) -> list[str]:
 
 
 def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = None) -> list[str]:
-    """The few numbers a user wants in the terminal when a run ends: headline with intervals, groups, TTA,
-    perturbed, and the unseen classes of a zero-shot run."""
-
-    lines = ["test: " + ", ".join(f"{name} {_ci3(metrics, f'test/{name}')}" for name in ("mAP", "mAUROC", "mF1", "mECE"))
+    """The few numbers a user wants in the terminal when a run ends: the test set's whole ranking chain with
+    intervals, groups, TTA, perturbed, the held-out subset and the unseen classes of a zero-shot run."""
+    lines = [f"test ({chain_header()}): {chain_summary(metrics, 'test')}"
              + f" (prevalence baseline mAP {metrics.get('test/prevalence_baseline_mAP', float('nan')):.3f})"]  # fmt: skip
     groups = [f"{g} {metrics[f'test/group/{g}/mAP']:.3f}" for g in GROUPS if f"test/group/{g}/mAP" in metrics]
     if groups:
@@ -68,15 +100,30 @@ def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = N
         lines.append(
             f"mAP perturbed: {_ci3(metrics, 'test_perturbed/mAP')} ({metrics['test_perturbed/delta/mAP']:+.3f})"
         )
+    if "heldout/mAP" in metrics:
+        seen = f"; {TRAINED_ON_CAVEAT}" if metrics.get("heldout/trained_on") == 1 else ""
+        lines.append(f"held-out subset ({int(metrics.get('heldout/n_images', 0))} cases{seen}): "
+                     + chain_summary(metrics, "heldout"))  # fmt: skip
     if unseen and "test_unseen/mAP" in unseen:
-        lines.append(
-            f"unseen classes: mAP {_ci3(unseen, 'test_unseen/mAP')}, mAUROC {_ci3(unseen, 'test_unseen/mAUROC')}"
-        )
+        lines.append(f"unseen classes: {chain_summary(unseen, 'test_unseen')}")
     return lines
 
 
 def _ci3(metrics: dict, key: str) -> str:
     return _ci(metrics, key, digits=3)
+
+
+def _heldout_section(evaluation) -> list[str]:
+    """What the ``heldout`` column is, and whether the model saw those cases (docs/rules.md §10)."""
+    draw = getattr(evaluation.sets.get("heldout"), "draw", None)
+    if draw is None:
+        return []
+    lines = ["", "## Held-out stability subset", "",
+             f"Column `heldout`: {draw.describe(with_caveat=False)}. The same protocol as `test` (metric suite, "
+             "bootstrap, groups); the drawn image ids are in `evaluation/heldout.json`."]  # fmt: skip
+    if draw.caveat:
+        lines += ["", f"**Caveat: {draw.caveat}.** Compare held-out figures between runs, not with `test`."]
+    return lines
 
 
 def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
@@ -89,14 +136,19 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     baseline = m.get("test/prevalence_baseline_mAP")
     if baseline is not None:
         lines += [f"Prevalence baseline (constant predictor) mAP: {baseline:.4f}.", ""]
-    lines += ["## Headline", "", "| metric | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
-    for metric in HEADLINE:
-        lines.append(f"| {metric} | " + " | ".join(_ci(m, f"{s}/{metric}") for s in sets) + " |")
+    chain = ranking_chain()
+    lines += ["## Headline", "", f"The challenge's ranking chain: {chain_rule()} (docs/rules.md §2). Rank 1-{len(chain)} "
+              "rows are that chain, top-down; unranked rows follow.", "",
+              "| rank | metric | " + " | ".join(sets) + " |", "|---" * (len(sets) + 2) + "|"]  # fmt: skip
+    for metric in headline_rows():
+        rank = str(chain.index(metric) + 1) if metric in chain else "-"
+        lines.append(f"| {rank} | {metric} | " + " | ".join(_ci(m, f"{s}/{metric}") for s in sets) + " |")
     if "test_perturbed/delta/mAP" in m:
         lines += ["", f"Perturbed minus original mAP: {m['test_perturbed/delta/mAP']:+.4f}."]
     notes = interval_notes(evaluation)
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
+    lines += _heldout_section(evaluation)
 
     lines += ["", "## Head-to-tail (groups by training prevalence)", "",
               "| group | classes | " + " | ".join(f"{s} mAP" for s in sets) + " |", "|---" * (len(sets) + 2) + "|"]  # fmt: skip

@@ -23,7 +23,6 @@ from omegaconf import OmegaConf
 
 from evaluation.bootstrap import resample_indices
 from evaluation.concept_tables import per_concept_table
-from evaluation.evaluate import MACROS
 from evaluation.imageclef_concepts import (
     MANUAL_2025,
     ConceptFileError,
@@ -33,6 +32,7 @@ from evaluation.imageclef_concepts import (
     read_run,
 )
 from evaluation.predictions import PredictionsError, align_predictions, read_predictions
+from evaluation.report import chain_rule, headline_rows, ranking_chain
 from evaluation.submission import SubmissionError, submission_format
 from evaluation.suite import compute_suite
 from training.data.adapters.rocov2 import find_table, read_concept_names
@@ -83,10 +83,22 @@ def score(args: argparse.Namespace) -> None:
     targets, probs = align_predictions(read_predictions(args.predictions), truth, labels, source=str(args.predictions))
     result = compute_suite(targets, probs, labels, n_boot=args.n_boot)
     print(f"{args.predictions} on {args.manifest} [{args.split}], {len(truth)} images, 95% bootstrap CIs")
-    for macro in MACROS:
-        m = result.metrics
-        if macro in m:
-            print(f"  {macro:<11} {m[macro]:.4f}  [{m[f'{macro}_ci_low']:.4f}, {m[f'{macro}_ci_high']:.4f}]")
+    print("\n".join(score_lines(result.metrics)))
+
+
+def score_lines(metrics: dict[str, float]) -> list[str]:
+    """The score table: the challenge's ranking chain in chain order, numbered, then the unranked headline metrics
+    (docs/rules.md §2), so two files scored apart can be ranked by reading down."""
+    chain = ranking_chain()
+    lines = [f"  {chain_rule()}"]
+    for name in headline_rows():
+        rank = f"{chain.index(name) + 1}." if name in chain else "-"
+        value = metrics.get(name)
+        shown = "-" if value is None or not np.isfinite(value) else f"{value:.4f}"
+        if shown != "-" and f"{name}_ci_low" in metrics:
+            shown += f"  [{metrics[f'{name}_ci_low']:.4f}, {metrics[f'{name}_ci_high']:.4f}]"
+        lines.append(f"  {rank:<3} {name:<11} {shown}")
+    return lines
 
 
 def mean_with_interval(values: np.ndarray, n_boot: int, seed: int = 0) -> tuple[float, float, float]:

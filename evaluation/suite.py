@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci
+from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci, strata_members
 from evaluation.metric_registry import SUITE, ClassChunk, SuiteMetric
 from evaluation.ranking import N_BINS, ClassPlan
 from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
@@ -220,6 +220,7 @@ def compute_suite(
     chunk: int | None = None,
     class_groups: Mapping[str, Sequence[int | str]] | None = None,
     n_bins: int = N_BINS,
+    strata: Sequence | np.ndarray | None = None,
 ) -> SuiteResult:
     """Every challenge metric with bootstrap CIs on one split.
 
@@ -237,6 +238,8 @@ def compute_suite(
         chunk: resamples per chunk (memory bound); default from ``bootstrap.auto_chunk``.
         class_groups: ``{group: [class index or name, ...]}``; adds ``group/<g>/<macro>`` with CIs.
         n_bins: ECE bins.
+        strata: ``(N,)`` label per image (its source); each resample then keeps every stratum's image count
+            (``evaluation.bootstrap``), e.g. a pooled internal + external test resampled within each source.
 
     Returns:
         ``SuiteResult``; ``.metrics`` holds ``mAP``, ``mAUROC``, ``mF1``, ``mPrecision``, ``mRecall``, ``mECE``,
@@ -265,6 +268,7 @@ def compute_suite(
             _class_index(cls, labels)  # raises on an unknown class
     n_items, n_classes = probs.shape
     n_boot = int(n_boot)
+    strata_members(strata, n_items)  # raises on a strata array of the wrong length, with or without resamples
 
     plans = []
     for c in range(n_classes):
@@ -276,7 +280,8 @@ def compute_suite(
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
-        for rows, counts in iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot)):
+        chunks = iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot), strata=strata)
+        for rows, counts in chunks:
             values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds, *registered)
             for key, array in values.items():
                 replicates[key][rows] = array

@@ -1,5 +1,5 @@
-"""The test phase of a trained model, one sequence for training and for ``make evaluate``: evaluate -> store ->
-zero-shot (unseen-class) report -> store.
+"""The test phase of a trained model, one sequence for training and for ``make evaluate``: evaluate -> held-out
+stability subset -> store -> zero-shot (unseen-class) report -> store.
 
 Training runs it on the best checkpoint right after fitting; ``make evaluate RUN=<id>`` runs it again on a
 finished run with new evaluation or TTA settings. Both write through a :class:`RunSink`, so a new metric set or
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from evaluation.evaluate import Evaluation, evaluate, store
+from evaluation.heldout import ARTIFACT, attach, evaluate_heldout, tags, write_record
 from evaluation.report import interval_notes
 from evaluation.unseen import UnseenReport, compute_unseen, store_unseen
 
@@ -45,10 +46,18 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
         The evaluation and the unseen-class report (None unless the model is zero-shot).
     """
     evaluation = evaluate(model, datamodule, cfg)
+    # Before `store`, as one more metric set: logged, tabled and reported like the others (docs/rules.md §10).
+    heldout = evaluate_heldout(model, datamodule, cfg, evaluation)
+    if heldout is not None:
+        attach(evaluation, heldout, datamodule)
+        log.warning("held-out subset: %s", heldout.draw.describe())
     for note in interval_notes(evaluation):  # the terminal says it too, not only report.md
         log.warning("%s", note)
     with tempfile.TemporaryDirectory() as tmp:
         store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots, sink.set_tags)
+        if heldout is not None:
+            sink.log_artifact(write_record(heldout.draw, Path(tmp) / ARTIFACT), str(Path(ARTIFACT).parent))
+            sink.set_tags(tags(heldout.draw))
     unseen = compute_unseen(model, datamodule, cfg)
     if unseen is not None:
         store_unseen(unseen, sink.log_metrics, sink.log_artifact, sink.set_tags)

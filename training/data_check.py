@@ -1,6 +1,7 @@
 """``make data-check DATA=<name> DATA_ROOT=<path>``: build the manifest and report on it; exit 1 on errors.
 
 ``ARGS="+task=<name>"`` also requires that task's label columns, as training on that task would.
+``ARGS="heterogeneity.sample=2000"`` decodes more images per source for the heterogeneity report (docs/data.md).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import sys
 
 import hydra
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from training.data.check import check_dataset
 from training.data.sources import manifest_vocabulary, task_labels
@@ -26,7 +27,8 @@ def main(cfg: DictConfig) -> None:
     labels = [*task_labels(task, source), *(task.get("unseen") or [])] if task is not None else None
     report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4, labels=labels,
                            vocabulary=manifest_vocabulary(source),
-                           patient_ids=getattr(source, "patient_ids", True))  # fmt: skip
+                           patient_ids=getattr(source, "patient_ids", True),
+                           heterogeneity=OmegaConf.to_container(cfg.heterogeneity))  # fmt: skip
     print(f"manifest: {manifest}\nimages:   {source.root}\n\n{report.render()}")
     sys.exit(1 if report.errors else 0)
 

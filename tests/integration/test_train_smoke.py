@@ -84,7 +84,7 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     assert {"report.md", "metrics.json", "pr_curves.png", "reliability.png", "head_to_tail.png",
             "perturbation_deltas.png"} <= evaluation  # fmt: skip
     splits = {a.path.split("/")[-1] for a in client.list_artifacts(run_id, "predictions")}
-    assert splits == {"val.csv", "test.csv", "test_tta.csv", "test_perturbed.csv"}
+    assert splits == {"val.csv", "test.csv", "test_tta.csv", "test_perturbed.csv", "heldout.csv"}
     checkpoints = client.list_artifacts(run_id, "checkpoints")
     assert [a.path for a in checkpoints] == ["checkpoints/best.ckpt"]
     config = client.download_artifacts(run_id, "config.yaml", str(tmp_path))

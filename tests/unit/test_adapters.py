@@ -104,42 +104,44 @@ def test_nih_unknown_finding_names_its_line(tmp_path):
         NIH14Source(str(tmp_path / "nih"), out_dir=str(tmp_path / "m")).prepare()
 
 
-def cxrlt_release(root, ids, patients, extra=None):
+def cxrlt_release(root, ids, patients=None, extra=None):
+    """One ``train_labels.csv``; a ``PatientID`` column only when ``patients`` are given (the release has none)."""
     (root / "images").mkdir(parents=True)
     for i in ids:
         if "E+" not in i:
             image(root / "images" / f"{i}.png")
-    columns = {"ImageID": ids, "PatientID": patients, "pleural effusion": [i % 2 for i in range(len(ids))],
-               "cardiomegaly": [1] * len(ids), **(extra or {})}  # fmt: skip
+    columns = {"ImageID": ids, **({"PatientID": patients} if patients else {}),
+               "pleural effusion": [i % 2 for i in range(len(ids))], "cardiomegaly": [1] * len(ids), **(extra or {})}  # fmt: skip
     pd.DataFrame(columns).to_csv(root / "train_labels.csv", index=False)
 
 
 def test_cxrlt_ids_stay_text_and_organiser_names_map_to_the_papers(tmp_path):
+    """A user who has patient ids configures the column and gets patient-disjoint splits of it."""
     ids = [f"00{i}12345678901234" for i in range(20)]
     cxrlt_release(tmp_path / "r", ids, [f"0{i // 2}" for i in range(20)])
     source = CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", image_dir="images", image_suffix=".png",
-                             out_dir=str(tmp_path / "m"))  # fmt: skip
+                             patient_column="PatientID", out_dir=str(tmp_path / "m"))  # fmt: skip
     table = read(source.prepare())
     assert table["image_id"].tolist() == ids  # leading zeros and all 18 digits kept
-    assert table["patient_id"].iloc[0] == "00"
+    assert table["patient_id"].iloc[0] == "00" and source.patient_ids
     assert {"Pleural Effusion", "Cardiomegaly"} <= set(table.columns)
     assert table.groupby("patient_id")["split"].nunique().max() == 1
 
 
 def test_scientific_notation_ids_are_refused_with_their_line(tmp_path):
-    cxrlt_release(tmp_path / "r", ["1.23457E+11", "200"], ["1", "2"])
+    cxrlt_release(tmp_path / "r", ["1.23457E+11", "200"])
     with pytest.raises(AdapterError, match=r"line 2, column 'ImageID': '1.23457E\+11' looks like a number"):
         CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
 
 
 def test_duplicated_ids_are_refused_with_their_lines(tmp_path):
-    cxrlt_release(tmp_path / "r", ["a", "b", "a"], ["1", "2", "3"])
+    cxrlt_release(tmp_path / "r", ["a", "b", "a"])
     with pytest.raises(AdapterError, match=r"'a' duplicated on lines \[2, 4\]"):
         CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
 
 
 def test_unknown_class_names_are_refused_with_a_suggestion(tmp_path):
-    cxrlt_release(tmp_path / "r", ["a", "b"], ["1", "2"], extra={"cardiomegalia": [0, 1]})
+    cxrlt_release(tmp_path / "r", ["a", "b"], extra={"cardiomegalia": [0, 1]})
     with pytest.raises(AdapterError, match=r"column 'cardiomegalia': unknown class name \(did you mean 'Cardiomegaly'"):
         CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
 
@@ -168,7 +170,7 @@ def test_generic_table_with_label_map_split_column_and_dicom_paths(tmp_path):
 
 
 def test_manifest_is_rewritten_only_when_its_content_changes(tmp_path):
-    cxrlt_release(tmp_path / "r", [f"i{i}" for i in range(10)], [f"p{i}" for i in range(10)])
+    cxrlt_release(tmp_path / "r", [f"i{i}" for i in range(10)])
     source = CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m"))
     first = source.prepare()
     stamp = first.stat().st_mtime_ns

@@ -32,9 +32,9 @@ def test_summary_has_headline_groups_tta_perturbed_and_unseen():
     unseen = {"test_unseen/mAP": 0.11, "test_unseen/mAP_ci_low": 0.09, "test_unseen/mAP_ci_high": 0.13,
               "test_unseen/mAUROC": 0.55}  # fmt: skip
     lines = summary_lines(metrics, unseen)
-    assert (
-        lines[0]
-        == "test: mAP 0.258 [0.251, 0.283], mAUROC 0.774, mF1 0.200, mECE 0.050 (prevalence baseline mAP 0.062)"
-    )
+    assert lines[0] == ("test (ranking chain; lower mECE wins): mAP 0.258 [0.251, 0.283], mAUROC 0.774, mF1 0.200, "
+                        "mECE 0.050, mPrecision -, mRecall - (prevalence baseline mAP 0.062)")  # fmt: skip
     assert lines[1:] == ["mAP by group: common 0.613 / rare 0.027", "mAP with TTA: 0.250",
-                         "mAP perturbed: 0.102 (-0.156)", "unseen classes: mAP 0.110 [0.090, 0.130], mAUROC 0.550"]  # fmt: skip
+                         "mAP perturbed: 0.102 (-0.156)",
+                         "unseen classes: mAP 0.110 [0.090, 0.130], mAUROC 0.550, mF1 -, mECE -, mPrecision -, "
+                         "mRecall -"]  # fmt: skip

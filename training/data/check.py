@@ -7,7 +7,7 @@ that each file exists) and prints the counts a reader wants before spending hour
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +16,7 @@ import pandas as pd
 
 from evaluation.groups import frequency_group
 from training.data.findings import KNOWN_FINDINGS
+from training.data.heterogeneity import measure
 from training.data.images import check_file, read_grayscale
 from training.data.manifest import SPLITS, check_manifest, csv_line, parse_labels
 
@@ -37,8 +38,10 @@ class DataReport:
 
 def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: bool = False, workers: int = 4,
                   size: int = 64, labels: Sequence[str] | None = None,
-                  vocabulary: Sequence[str] = KNOWN_FINDINGS, patient_ids: bool = True) -> DataReport:  # fmt: skip
-    """Counts per class and split with head-to-tail groups, patients per split, overlaps, and unreadable files.
+                  vocabulary: Sequence[str] = KNOWN_FINDINGS, patient_ids: bool = True,
+                  heterogeneity: Mapping | None = None) -> DataReport:  # fmt: skip
+    """Counts per class and split with head-to-tail groups, patients per split, overlaps, unreadable files, and
+    how the sources differ (:mod:`training.data.heterogeneity`).
 
     Args:
         manifest_path: the manifest an adapter wrote.
@@ -53,6 +56,8 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
             declares: :func:`training.data.sources.manifest_vocabulary`).
         patient_ids: False when the release has no patient ids (ROCOv2: each image is its own patient), so that
             patient-disjointness cannot be checked and the report says so instead of "patient-disjoint".
+        heterogeneity: settings of the per-source report (``sample``, ``seed``, ``resolution_from``: the arguments
+            of :func:`training.data.heterogeneity.measure`); its defaults when None.
 
     Raises:
         ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).
@@ -102,4 +107,6 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
     how = "decoded" if decode else "header and end marker checked"
     report.sections["files"] = f"{len(table) - len(bad)} of {len(table)} readable ({how})"
     report.errors += bad
+    settings = {"workers": workers, **(heterogeneity or {})}
+    report.sections["source heterogeneity"] = measure(table, root, present, **settings).render()
     return report

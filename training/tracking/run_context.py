@@ -7,6 +7,9 @@ machine's load while it trained.
 - **Experiment kind** (``mlflow.experimentKind``): model training, and a saved runs-table view *Headline metrics*
   (the selection metric at the kept checkpoint, the ranking chain, the perturbed mAP; sorted as ``make register``
   ranks), offered by the runs table's *Views* button to everyone on the server.
+- **Source heterogeneity** (``data/heterogeneity.md`` and ``.json``): per source, label composition, native
+  resolution, grayscale mean and SD, view shares (:mod:`training.data.heterogeneity`; ``+heterogeneity.sample=N``
+  sets how many images per source are decoded, 500 by default).
 - **Description** (``mlflow.note.content``): task, model, loss, sampler, stage and seed in words, the first thing
   the run page shows.
 - **System metrics** (``system/...``: CPU, memory, disk, network; GPU through ``nvidia-ml-py`` when installed),
@@ -25,6 +28,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from omegaconf import DictConfig
 
 from evaluation.tables import headline_view_tag
+from training.data.heterogeneity import measure
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +75,19 @@ def dataset_inputs(datamodule) -> list[DatasetInput]:
 
 
 def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
-    """Log the datasets and the description of a new run (a resumed run already has them); mark its experiment."""
+    """Log the datasets, the source heterogeneity report and the description of a new run (a resumed run already
+    has them); mark its experiment."""
     headline = "test_unseen" if cfg.task.get("unseen") else "test"  # a zero-shot task is judged on its unseen classes
     view = headline_view_tag(str(cfg.checkpoint.monitor), headline, descending=cfg.checkpoint.mode == "max")
     mark_model_training(client, client.get_run(run_id).info.experiment_id, view)
     client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
     client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
+    manifest = datamodule.manifest
+    # a new run reads only the sample's headers: every header of a 143k-image release would delay each start
+    settings = {"resolution_from": "sample", **(cfg.get("heterogeneity") or {})}
+    report = measure(manifest.table, manifest.root, manifest.labels, **settings)
+    client.log_text(run_id, report.markdown(), "data/heterogeneity.md")
+    client.log_text(run_id, report.to_json(), "data/heterogeneity.json")
 
 
 def start_system_metrics(run_id: str, uri: str, cfg: DictConfig, resumed: bool):

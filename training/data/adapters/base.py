@@ -42,9 +42,6 @@ class AdapterSource:
 
     #: Non-label, non-metadata columns this adapter writes (declared to the manifest validator).
     extra_columns: tuple[str, ...] = ()
-    #: Whether the release identifies patients; without (ROCOv2), every image is its own patient and
-    #: patient-disjointness of the splits cannot be checked (``make data-check`` says so).
-    patient_ids: bool = True
 
     def __init__(
         self,
@@ -63,6 +60,13 @@ class AdapterSource:
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.seed = seed
+
+    @property
+    def patient_ids(self) -> bool:
+        """Whether this manifest's ``patient_id`` holds real patient ids. Without them (ROCOv2; a CXR-LT table with
+        no patient column) every image is its own patient and patient-disjointness of the splits cannot be
+        checked (``make data-check`` says so). Subclasses answer for their release or their configuration."""
+        return True
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -1,14 +1,21 @@
-"""Any label table plus an image folder, described in YAML: the generic adapter and the base of CXR-LT 2026's."""
+"""Any label table plus an image folder, described in YAML: the generic adapter and the base of CXR-LT 2026's.
+
+CXR-LT 2026 as distributed (docs/data.md, "CXR-LT 2026 release") is such a table with the release's own split
+information and no patient ids; :class:`CXRLT2026Source` reads it, plus Task 2's NIH external test when configured
+(:mod:`training.data.adapters.nih_external`).
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
+from training.data.adapters.nih_external import NIHExternal
 from training.data.adapters.tables import (
     id_problems,
     label_values,
@@ -26,6 +33,15 @@ SPLIT_NAMES = {  # spellings of split values seen in releases -> manifest split
     "train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val",
     "development": "val", "test": "test", "testing": "test",
 }  # fmt: skip
+_TOLD_NO_PATIENTS: set[tuple[str, str]] = set()  # (source name, root) already told it has no patient column
+
+#: CXR-LT 2026's split spellings: Task 1 train/development/test, Task 2 development/internal test/external test.
+CXRLT_SPLIT_NAMES = {**SPLIT_NAMES, "internal_test": "test", "external_test": "test"}
+
+
+def split_key(value: str) -> str:
+    """A release's split spelling as a key: ``'Internal-Test '`` and ``internal_test`` are one split."""
+    return re.sub(r"[\s\-]+", "_", str(value).strip().lower())
 
 
 class TableSource(AdapterSource):
@@ -33,15 +49,19 @@ class TableSource(AdapterSource):
 
     Args:
         root: dataset folder; tables and images are relative to it.
-        table: one table for all rows, or ``{split: table}`` when the release ships one table per split.
+        table: one table for all rows, or ``{split: table}`` when the release ships one table per split (keys in
+            the release's spelling, read through ``split_names``).
         image_column: column holding the image file (relative to ``image_dir``).
         image_dir: folder of the images, relative to root.
         image_suffix: appended when the image column holds bare ids (``".png"``).
         id_column: image id column; default: the image column.
         patient_column: patient id column; without one every image counts as its own patient (logged, since
             splits can then leak patients).
-        split_column: column with train/val/test (spellings in :data:`SPLIT_NAMES`); rows with an empty value,
-            and all rows when there is no such column, are split by patient.
+        split_column: column with the release's split of each row (spellings in ``split_names``); rows with an
+            empty value, and all rows when there is neither such a column nor per-split tables, are split by
+            patient.
+        split_names: the release's split spelling -> manifest split (train/val/test); default :data:`SPLIT_NAMES`.
+            Compared case-, space- and hyphen-insensitively.
         view_column: view position column, optional.
         source_label: the centre recorded in the manifest's ``source`` column.
         label_columns: the label columns; default: every column not named above nor in ``extra_columns`` /
@@ -52,6 +72,11 @@ class TableSource(AdapterSource):
         vocabulary: finding names a label may resolve to.
         **kwargs: see :class:`AdapterSource`.
     """
+
+    #: Whether every per-split table must carry the same label columns. A release that labels more classes in its
+    #: evaluation tables than in its training table (CXR-LT 2026: Task 2's classes) sets False: a class a table
+    #: lacks is then "not labelled" (empty) on its rows, never negative.
+    same_labels_in_every_table: bool = True
 
     def __init__(
         self,
@@ -71,6 +96,7 @@ class TableSource(AdapterSource):
         ignore_columns: Sequence[str] = (),
         keep_columns: Sequence[str] = (),
         vocabulary: Sequence[str] = KNOWN_FINDINGS,
+        split_names: Mapping[str, str] | None = None,
         **kwargs,
     ):
         super().__init__(root, name, **kwargs)
@@ -82,7 +108,17 @@ class TableSource(AdapterSource):
         self.label_map, self.ignore_columns = dict(label_map or {}), tuple(ignore_columns)
         self.extra_columns = tuple(keep_columns)
         self.vocabulary = tuple(vocabulary)
+        self.split_names = {split_key(k): v for k, v in dict(split_names or SPLIT_NAMES).items()}
+        bad = sorted(f"{k!r}: {v!r}" for k, v in self.split_names.items() if v not in ("train", "val", "test"))
+        raise_if(
+            [f"split name {b} maps to no manifest split (train, val or test)" for b in bad], "data.source.split_names"
+        )
         self._labels: tuple[str, ...] = ()
+
+    @property
+    def patient_ids(self) -> bool:
+        """Patient-disjointness is checkable only when a patient column is configured (and so read)."""
+        return bool(self.patient_column)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -95,25 +131,30 @@ class TableSource(AdapterSource):
 
     def build(self) -> pd.DataFrame:
         tables = self.table if isinstance(self.table, dict) else {UNASSIGNED: self.table}
-        unknown = set(tables) - {UNASSIGNED, "train", "val", "test"}
-        raise_if([f"table key {k!r} is not train, val or test" for k in sorted(unknown)], "data.source.table")
-        if "train" in tables and "val" not in tables:  # validation is carved out of train, by patient
-            tables = {(UNASSIGNED if k == "train" else k): v for k, v in tables.items()}
-        parts = [self._read_one(self.root / rel, split) for split, rel in tables.items()]
+        unknown = [k for k in tables if k != UNASSIGNED and split_key(k) not in self.split_names]
+        raise_if([f"table key {k!r} is none of the split names {sorted(self.split_names)}" for k in unknown],
+                 "data.source.table")  # fmt: skip
+        carve = not self.split_column and "train" in (splits := {self.split_names.get(split_key(k)) for k in tables}) \
+            and "val" not in splits  # fmt: skip
+        if carve:  # validation is carved out of train, by patient
+            log.info("%s: no validation table; validation is drawn from the training rows", self.name)
+        if not self.patient_column and (told := (self.name, str(self.root))) not in _TOLD_NO_PATIENTS:
+            _TOLD_NO_PATIENTS.add(told)  # once per process: a run builds the manifest more than once
+            log.warning("%s: no patient column; each image is treated as its own patient (patient-disjointness of "
+                        "the splits is not checkable)", self.name)  # fmt: skip
+        parts = [self._read_one(self.root / rel, key, carve) for key, rel in tables.items()]
         table = pd.concat(parts, ignore_index=True)
         duplicated = table["image_id"][table["image_id"].duplicated()]
         raise_if([f"image id {i!r} appears in more than one table" for i in duplicated.unique()[:10]], "tables")
         return table
 
-    def _read_one(self, path: Path, split: str) -> pd.DataFrame:
+    def _read_one(self, path: Path, key: str, carve: bool = False) -> pd.DataFrame:
         raw = read_table(path)
         named = [self.image_column, self.id_column, self.patient_column, self.split_column, self.view_column]
         require_columns(raw, [c for c in named if c] + list(self.extra_columns), path)
         problems = id_problems(raw, self.id_column, path)
         if self.patient_column:
             problems += id_problems(raw, self.patient_column, path, unique=False)
-        else:
-            log.warning("%s: no patient column; each image is treated as its own patient", path)
 
         candidates = self.label_columns
         if candidates is None:
@@ -121,18 +162,20 @@ class TableSource(AdapterSource):
             candidates = [c for c in raw.columns if c not in skip]
         mapping = match_label_columns(candidates, self.vocabulary, path, self.label_map, self.ignore_columns)
         labels = tuple(mapping.values())
-        if self._labels and set(labels) != set(self._labels):
+        if self.same_labels_in_every_table and self._labels and set(labels) != set(self._labels):
             problems.append(
                 f"{path}: label columns {sorted(labels)} differ from the other tables' {sorted(self._labels)}"
             )
-        self._labels = self._labels or labels
+        self._labels = tuple(dict.fromkeys(self._labels + labels))
 
+        release = self._release_splits(raw, path, key, problems)
+        split = release.map(self.split_names).fillna(UNASSIGNED)
         out = pd.DataFrame({
             "image_id": raw[self.id_column].str.strip(),
             "path": raw[self.image_column].str.strip().map(self._image_path),
-            "split": self._splits(raw, path, split, problems),
+            "split": split.where(~(carve & (split == "train")), UNASSIGNED),
             "patient_id": raw[self.patient_column].str.strip() if self.patient_column else raw[self.id_column],
-            "source": self.source_label,
+            "source": self.sources(release),
             "view": raw[self.view_column].str.strip() if self.view_column else "",
         })  # fmt: skip
         for column in self.extra_columns:
@@ -147,29 +190,73 @@ class TableSource(AdapterSource):
         name = value if Path(value).suffix or not self.image_suffix else value + self.image_suffix
         return (Path(self.image_dir) / name).as_posix() if self.image_dir else name
 
-    def _splits(self, raw: pd.DataFrame, path: Path, split: str, problems: list[str]) -> pd.Series:
+    def _release_splits(self, raw: pd.DataFrame, path: Path, key: str, problems: list[str]) -> pd.Series:
+        """Each row's split in the release's spelling (as a :func:`split_key`; ``""`` = none), from the split
+        column, else from the table's key; an unknown value is reported with its line."""
         if not self.split_column:
-            return pd.Series(split, index=raw.index, dtype=object)
-        text = raw[self.split_column].str.strip().str.lower()
-        mapped = text.map(lambda v: SPLIT_NAMES.get(v, UNASSIGNED if v == "" else None))
+            return pd.Series(split_key(key), index=raw.index, dtype=object)
+        text = raw[self.split_column].map(split_key)
+        bad = text.index[(text != "") & ~text.isin(list(self.split_names))]
         problems += listed("bad splits", [f"{path}, line {csv_line(i)}, column {self.split_column!r}: unknown split "
-                                          f"{raw.at[i, self.split_column]!r} (use one of {sorted(set(SPLIT_NAMES))})"
-                                          for i in mapped.index[mapped.isna()]])  # fmt: skip
-        return mapped.fillna(UNASSIGNED)
+                                          f"{raw.at[i, self.split_column]!r} (use one of {sorted(self.split_names)}, "
+                                          f"or add it to data.source.split_names)" for i in bad])  # fmt: skip
+        return text
+
+    def sources(self, release: pd.Series) -> pd.Series | str:
+        """The ``source`` of rows with these release splits: one centre for a generic table."""
+        return self.source_label
 
 
 class CXRLT2026Source(TableSource):
-    """The CXR-LT 2026 release: PadChest images (16-bit PNG) and an ``ImageID``-keyed label table.
+    """The CXR-LT 2026 release as distributed: images, ``ImageID``-keyed labels and the release's split information.
 
-    Defaults follow the release (``ImageID`` and ``PatientID`` columns, class columns in the organisers'
-    spelling, matched to the paper's names through :mod:`training.data.label_names`); every one can be changed in
-    ``configs/data/cxrlt2026.yaml`` without code.
+    Participants get no patient ids, so none is required: each image is its own patient (as for ROCOv2), the log
+    says so once and ``make data-check`` reports patient-disjointness as not checkable; a ``patient_column``
+    is still read when configured. The splits are the release's own (a split column or one table per split,
+    ``split_names`` maps their spellings): train -> train, development -> val (model selection), test /
+    internal test / external test -> test. Rows of an ``external_splits`` split are the NIH external test
+    (``source`` = ``external_source``), all others PadChest (``source_label``); ``external`` adds that test from an
+    NIH folder (:class:`training.data.adapters.nih_external.NIHExternal`). Class columns may use the organisers'
+    spelling (:mod:`training.data.label_names`), and a table may label more classes than another (Task 2's six on
+    the evaluation rows only): the missing ones are not labelled. Every setting is in
+    ``configs/data/cxrlt2026.yaml``; docs/data.md, "CXR-LT 2026 release".
+
+    Args:
+        external_splits: release split names whose rows are NIH images.
+        external_source: the ``source`` of NIH rows.
+        external: ``{root, list, labels, ...}`` of :class:`NIHExternal`, or None.
+        **kwargs: see :class:`TableSource`.
     """
 
+    same_labels_in_every_table = False
+
     def __init__(self, root: str, name: str = "cxrlt2026", image_column: str = "ImageID", id_column: str = "ImageID",
-                 patient_column: str = "PatientID", source_label: str = "padchest", **kwargs):  # fmt: skip
+                 patient_column: str | None = None, source_label: str = "padchest",
+                 external_splits: Sequence[str] = ("external_test",), external_source: str = "nih",
+                 external: Mapping | None = None, split_names: Mapping[str, str] | None = None, **kwargs):  # fmt: skip
         super().__init__(root, name, image_column=image_column, id_column=id_column, patient_column=patient_column,
-                         source_label=source_label, **kwargs)  # fmt: skip
+                         source_label=source_label, split_names=split_names or CXRLT_SPLIT_NAMES, **kwargs)  # fmt: skip
+        self.external_splits = tuple(split_key(s) for s in external_splits)
+        unknown = [s for s in self.external_splits if s not in self.split_names]
+        raise_if([f"external split {s!r} is none of the split names {sorted(self.split_names)}" for s in unknown],
+                 "data.source.external_splits")  # fmt: skip
+        self.external_source = external_source
+        self.external = NIHExternal(**{"source": external_source, **dict(external)}) if external else None
+
+    def sources(self, release: pd.Series) -> pd.Series:
+        return release.isin(self.external_splits).map({True: self.external_source, False: self.source_label})
+
+    def build(self) -> pd.DataFrame:
+        table = super().build()
+        if self.external is None:
+            return table
+        nih = self.external.build(self.vocabulary)
+        self._labels = tuple(dict.fromkeys(self._labels + tuple(c for c in nih.columns if c in self.vocabulary)))
+        clash = sorted(set(nih["image_id"]) & set(table["image_id"]))
+        raise_if([f"NIH external image id {i!r} is also in the release's tables" for i in clash[:10]],
+                 "data.source.external")  # fmt: skip
+        log.info("%s: NIH external test: %d images (source %r)", self.name, len(nih), self.external_source)
+        return pd.concat([table, nih], ignore_index=True)
 
 
 __all__ = ["AdapterError", "CXRLT2026Source", "TableSource"]
