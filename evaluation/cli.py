@@ -11,6 +11,7 @@ import torch
 from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
+from evaluation.report import summary_lines
 from evaluation.test_phase import run_test_phase
 from training.errors import hydra_user_errors, run_hydra_entry
 from training.pipeline import build_datamodule
@@ -70,8 +71,7 @@ def evaluate_run(
 def main(cfg: DictConfig) -> None:
     client = tracking_client(resolve_tracking_uri(cfg.get("tracking_uri")))
     metrics = evaluate_run(str(cfg.run), cfg.evaluation, cfg.tta, client)
-    log.info("run %s re-evaluated: test/mAP %.4f [%.4f, %.4f]", cfg.run, *(metrics.get(k, float("nan"))
-             for k in ("test/mAP", "test/mAP_ci_low", "test/mAP_ci_high")))  # fmt: skip
+    log.info("run %s re-evaluated:\n  %s", cfg.run, "\n  ".join(summary_lines(metrics, metrics)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Summarise a grid of runs: mean +/- std over seeds of test mAP and head-to-tail group mAP.
+"""Summarise a grid of runs: mean +/- std over seeds of the test ranking chain and head-to-tail group mAP.
 
 ``make compare`` launches the grid with Hydra's multirun and tags every run with one grid id; this reads the
 runs back from MLflow, so the table can be rebuilt any time from the tracking store alone.
@@ -13,9 +13,13 @@ import pandas as pd
 from mlflow import MlflowClient
 
 from evaluation.groups import GROUPS
+from evaluation.report import ranking_chain
 from training.tracking.uri import tracking_client
 
-COLUMNS = ["test/mAP", "test/mAUROC"] + [f"test/group/{g}/mAP" for g in GROUPS] + ["test_perturbed/mAP"]
+# the whole tie-break chain, so two losses can be ranked from the table alone (docs/rules.md §2)
+COLUMNS = (
+    [f"test/{name}" for name in ranking_chain()] + [f"test/group/{g}/mAP" for g in GROUPS] + ["test_perturbed/mAP"]
+)
 
 
 def grid_table(client: MlflowClient, experiment: str, grid: str, by: str) -> pd.DataFrame:
