@@ -12,7 +12,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 TRACKING_URI = $(PY) -m training.tracking.uri
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit benchmark dicom-balance ui server test test-realdata test-slow test-server lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit benchmark card dicom-balance ui server test test-realdata test-slow test-server lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -82,6 +82,10 @@ benchmark: setup ## Benchmark a model (no NAME: list the protocols): make benchm
 	@if [ -z "$(NAME)" ]; then $(PY) -m evaluation.benchmarks.cli $(ARGS); \
 	else $(PY) -m evaluation.benchmarks.cli --name '$(NAME)' $(if $(MODEL),--model '$(MODEL)') \
 		$(if $(DATA_ROOT),--data-root '$(DATA_ROOT)') $(if $(VERSION),--version '$(VERSION)') $(ARGS); fi
+
+CARD ?=
+card: setup ## Model card across every configured benchmark, logged to the model's run: make card MODEL=<run id|models:/name/version|models:/name@alias> [CARD=configs/card.yaml]
+	$(PY) -m evaluation.benchmarks.card_cli $(if $(MODEL),--model '$(MODEL)') $(if $(CARD),--card '$(CARD)') $(ARGS)
 
 dicom-balance: setup ## Acquisition balance of a reader study's subsets (Pearson's chi-square on DICOM tags): make dicom-balance DATA_ROOT=<dir> [NAME=reveal] [BY=subset]
 	$(PY) -m evaluation.benchmarks.balance_cli --name '$(or $(NAME),reveal)' --data-root '$(DATA_ROOT)' --by '$(or $(BY),subset)' $(ARGS)

@@ -43,11 +43,12 @@ def write_tiny_clip(folder: Path) -> str:
 
 
 def write_kermany(root: Path, train: tuple[int, int] = (140, 380), test: tuple[int, int] = (45, 75),
-                  shared: int = 2, size: int = 24, seed: int = 0) -> dict:  # fmt: skip
+                  shared: int = 2, size: int = 24, seed: int = 0, shared_films: int = 1) -> dict:  # fmt: skip
     """Write tiny JPEGs in the release layout ``{train,test}/{NORMAL,PNEUMONIA}/``, in the release's name shapes.
 
     Pneumonia images are brighter on average, so a probe has something to learn. The first ``shared`` test
-    patients of each label also get one image in the train folder (what the leakage rule must remove).
+    patients of each label also get ``shared_films`` images in the train folder (what the leakage rule must
+    remove when that patient is among a version's test images).
 
     Args:
         root: the folder to create.
@@ -56,6 +57,7 @@ def write_kermany(root: Path, train: tuple[int, int] = (140, 380), test: tuple[i
         shared: test patients per label that also have a train image.
         size: image side in pixels.
         seed: pixel noise seed.
+        shared_films: train-folder images of each shared patient.
 
     Returns:
         ``{"shared_patients": [...], "shared_files": [...]}`` (the train files of the shared patients).
@@ -89,10 +91,13 @@ def write_kermany(root: Path, train: tuple[int, int] = (140, 380), test: tuple[i
             write(f"test/{label}/{name}", label == "PNEUMONIA")
         for name, _ in names(label, n_train, start=10_000):
             write(f"train/{label}/{name}", label == "PNEUMONIA")
-        for name, patient in test_names[:shared]:  # the same patient, another film, filed in the train folder
-            other = f"{patient}_bacteria_99999.jpeg" if label == "PNEUMONIA" else f"{name[:-5]}-0009.jpeg"
-            write(f"train/{label}/{other}", label == "PNEUMONIA")
-            shared_files.append(f"train/{label}/{other}")
+        for name, patient in test_names[:shared]:  # the same patient, other films, filed in the train folder
+            for k in range(shared_films):
+                other = (
+                    f"{patient}_bacteria_{99999 - k}.jpeg" if label == "PNEUMONIA" else f"{name[:-5]}-{9 + k:04d}.jpeg"
+                )
+                write(f"train/{label}/{other}", label == "PNEUMONIA")
+                shared_files.append(f"train/{label}/{other}")
             shared_patients.append(patient)
     return {"shared_patients": shared_patients, "shared_files": shared_files}
 

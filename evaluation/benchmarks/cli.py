@@ -21,7 +21,7 @@ from evaluation.benchmarks.catalog import CONFIG_DIR, available, load_protocol
 from evaluation.benchmarks.embeddings import DEFAULT_CACHE_DIR
 from evaluation.benchmarks.protocol import BadInput
 from evaluation.benchmarks.report import render_report
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from evaluation.benchmarks.runner import BenchmarkResult, draw_subsets, load_model, run_benchmark
 from evaluation.benchmarks.tracking import experiment_id, log_run
 from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
 
@@ -72,13 +72,21 @@ def run(args: argparse.Namespace) -> None:
         protocol, draw, encoder, args.data_root, n_boot=args.n_boot,
         cache_dir=None if args.no_cache else args.cache_dir, batch_size=args.batch_size,
     )  # fmt: skip
-    report = render_report(result)
-    client = tracking_client(uri)
-    experiment = args.experiment or f"benchmark-{protocol.name}"
-    run_id = log_run(client, experiment_id(client, experiment, uri, args.artifact_root), result, args.model,
-                     args.data_root, report)  # fmt: skip
+    report, run_id, experiment = record(result, args.model, args.data_root, uri, args.artifact_root, args.experiment)
     print(report)
     print(f"MLflow run {run_id} (experiment {experiment}, {uri}); {time.perf_counter() - started:.1f} s")
+
+
+def record(result: BenchmarkResult, model: str, data_root: str, uri: str, artifact_root: str = DEFAULT_ARTIFACT_ROOT,
+           experiment: str | None = None) -> tuple[str, str, str]:  # fmt: skip
+    """The report of ``result`` and its MLflow run in ``experiment`` (default ``benchmark-<name>``), exactly as
+    ``make benchmark`` logs it, so ``make card`` records each benchmark the same way; returns (report, run id,
+    experiment)."""
+    report = render_report(result)
+    client = tracking_client(uri)
+    experiment = experiment or f"benchmark-{result.protocol.name}"
+    run_id = log_run(client, experiment_id(client, experiment, uri, artifact_root), result, model, data_root, report)
+    return report, run_id, experiment
 
 
 def main(argv: list[str] | None = None) -> int:

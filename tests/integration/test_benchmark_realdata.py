@@ -34,7 +34,12 @@ def test_protocol_draws_on_kermany_dev():
     train_pool, test_pool = pools(str(root))
     assert test_pool["label"].value_counts().to_dict() == {1: 390, 0: 234}  # dev_test: the official test's mix
     full, n100 = draw_subsets(PROTOCOL, root, "full"), draw_subsets(PROTOCOL, root, "n100")
-    assert full.params == {"excluded_train_images": 0}  # dev_train / dev_test are patient-disjoint by construction
+    # dev_train / dev_test are patient-disjoint by construction: no version excludes anything, so both versions
+    # train on the same 500 images (on the official release they would not).
+    assert full.params["excluded_train_images"] == n100.params["excluded_train_images"] == 0
+    assert full.params["train_shared_full_n100"] == n100.params["train_shared_full_n100"] == 500
+    assert full.params["train_fingerprint_n100"] == n100.params["train_fingerprint_full"] == "0a3c95c494f4c448"
+    assert "500 of 500 training images shared between full and n100" in n100.description
     assert {name: subset.pool for name, subset in full.subsets.items()} == {"train": 4592, "test": 624}
     assert full.subsets["train"].table["label"].value_counts().to_dict() == {1: 379, 0: 121}
     assert n100.test.table["label"].value_counts().to_dict() == {1: 63, 0: 37}

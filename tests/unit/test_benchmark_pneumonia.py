@@ -21,9 +21,9 @@ from evaluation.benchmarks.encoders import Encoded, Encoder, Target
 from evaluation.benchmarks.metrics import binary_metrics, bootstrap_table, stratified_resamples
 from evaluation.benchmarks.models import MODEL_KINDS, load_encoder, model_kind
 from evaluation.benchmarks.platform_models import PlatformRunEncoder, combine, map_outputs, missing_outputs_note
-from evaluation.benchmarks.pneumonia import PneumoniaProtocol, exclude_shared_patients
+from evaluation.benchmarks.pneumonia import PneumoniaProtocol, card_metrics, exclude_shared_patients
 from evaluation.benchmarks.probe import fit_probe, probe_probabilities
-from evaluation.benchmarks.protocol import BadInput, Prediction
+from evaluation.benchmarks.protocol import BadInput, Prediction, Targets
 from evaluation.benchmarks.report import format_table
 from evaluation.benchmarks.runner import bootstrap_scores, draw_subsets, run_benchmark
 from evaluation.benchmarks.sampling import (
@@ -175,8 +175,10 @@ def test_subsets_of_a_release_folder(tmp_path):
     shared = write_kermany(tmp_path, train=(140, 380), test=(45, 75))
     full, n100 = draw_subsets(PROTOCOL, tmp_path), draw_subsets(PROTOCOL, tmp_path, "n100")
     assert full.version == "full"  # the YAML's first version is the default
-    assert full.params == n100.params == {"excluded_train_images": 4}
-    assert "removed 4 image(s) of 4 test patient(s)" in full.description[1]
+    # n100's 100 test images include all 4 shared patients here, so both versions exclude the same 4 films.
+    assert full.params["excluded_train_images"] == n100.params["excluded_train_images"] == 4
+    assert "removed 4 image(s) of 4 test patient(s) of this version" in full.description[1]
+    assert full.params["train_shared_full_n100"] == 500 and "500 of 500 training images shared" in full.description[3]
     assert {name: subset.pool for name, subset in full.subsets.items()} == {"train": 520, "test": 120}
     train = full.subsets["train"].table
     assert not set(train["path"]) & set(shared["shared_files"])
@@ -184,7 +186,7 @@ def test_subsets_of_a_release_folder(tmp_path):
     assert train["label"].value_counts().to_dict() == {0: 135, 1: 365}  # quotas of 140 / 380 for 500
     assert n100.test.table["label"].value_counts().to_dict() == {0: 37, 1: 63}  # 37.5 / 62.5, tie to the larger
     assert len(full.test) == 120 and set(n100.test.ids) <= set(full.test.ids)
-    assert full.fingerprints["train"] == n100.fingerprints["train"]  # one training draw for both versions
+    assert full.fingerprints["train"] == n100.fingerprints["train"]  # the same exclusions, the same training draw
     assert full.fingerprints["test"] != n100.fingerprints["test"]
     assert draw_subsets(PROTOCOL, tmp_path, "n100").fingerprints == n100.fingerprints
     assert full.fingerprints["test"] == fingerprint(full.test.table["image_id"], full.test.table["label"])
@@ -195,6 +197,65 @@ def test_subsets_of_a_release_folder(tmp_path):
         draw_subsets(PROTOCOL, tmp_path / "missing")
     with pytest.raises(BadInput, match="no Kermany images found"):
         draw_subsets(PROTOCOL, tmp_path / "test" / "NORMAL")
+
+
+def expected_training_ids(root, test_patients: set[str], size: int = 500) -> set[str]:
+    """The documented training draw, recomputed from the files on disk: drop the train-folder films of
+    ``test_patients``, then per label the quota's lowest ``sha256("<seed>:<image id>")`` ranks."""
+    kept = {0: [], 1: []}
+    for path in sorted((root / "train").rglob("*.jpeg")):
+        if patient_key(path.name) not in test_patients:
+            kept[int(path.parent.name == "PNEUMONIA")].append(f"train/{path.parent.name}/{path.stem}")
+    quotas = largest_remainder_quotas({label: len(ids) for label, ids in kept.items()}, size)
+    return {item for label, ids in kept.items() for item in hash_order(ids, SEED)[: quotas[label]]}
+
+
+def test_each_version_excludes_only_the_patients_of_its_own_test_images(tmp_path):
+    """The card's rule: with test patients that also have training films, full (every test patient) and n100
+    (only the drawn ones) exclude different films and so draw different training sets."""
+    shared = write_kermany(tmp_path, train=(140, 380), test=(45, 75), shared=30, shared_films=3)
+    full, n100 = draw_subsets(PROTOCOL, tmp_path), draw_subsets(PROTOCOL, tmp_path, "n100")
+    all_test_patients = {patient_key(path.name) for path in (tmp_path / "test").rglob("*.jpeg")}
+    n100_patients = {patient_key(item.rsplit("/", 1)[1] + ".jpeg") for item in n100.test.ids}
+    undrawn = set(shared["shared_patients"]) - n100_patients
+    assert len(undrawn) == 6  # 20 of the 120 test images are not drawn; 6 of them have training films
+    assert full.params["excluded_train_images"] == 180 and n100.params["excluded_train_images"] == 180 - 3 * 6
+    expected_full = expected_training_ids(tmp_path, all_test_patients)
+    expected_n100 = expected_training_ids(tmp_path, n100_patients)
+    assert set(full.subsets["train"].ids) == expected_full and set(n100.subsets["train"].ids) == expected_n100
+    # Each version's training draw is free of its own test patients; n100 may use the films of undrawn ones.
+    assert not set(full.subsets["train"].table["patient_id"]) & all_test_patients
+    assert not set(n100.subsets["train"].table["patient_id"]) & n100_patients
+    assert set(n100.subsets["train"].table["patient_id"]) & undrawn
+    overlap = len(expected_full & expected_n100)
+    assert overlap == 483 and full.fingerprints["train"] != n100.fingerprints["train"]
+    # Both runs report both versions' training draws and their overlap, whichever version they test on.
+    for draw in (full, n100):
+        assert draw.params["train_shared_full_n100"] == overlap
+        assert draw.params["train_fingerprint_full"] == full.fingerprints["train"]
+        assert draw.params["train_fingerprint_n100"] == n100.fingerprints["train"]
+        assert (draw.params["train_normal_full"], draw.params["train_pneumonia_full"]) == (135, 365)
+        assert (draw.params["train_normal_n100"], draw.params["train_pneumonia_n100"]) == (141, 359)
+        assert draw.description[2] == (
+            f"training draw of each version: full 500 images (135 normal / 365 pneumonia), fingerprint "
+            f"{full.fingerprints['train']}; n100 500 images (141 normal / 359 pneumonia), fingerprint "
+            f"{n100.fingerprints['train']}"
+        )
+        assert draw.description[3] == "483 of 500 training images shared between full and n100"
+    assert "removed 162 image(s) of 54 test patient(s) of this version" in n100.description[1]
+    assert n100.subsets["train"].pool == 520 + 3 * 6
+
+
+def test_another_version_that_cannot_be_drawn_is_reported_not_fatal(tmp_path):
+    """Full excludes every shared film and is left with 480 < 500 training images; n100 keeps the films of its
+    undrawn patients, so it still draws, and says why full's training draw is missing."""
+    write_kermany(tmp_path, train=(100, 380), test=(45, 75), shared=30, shared_films=5)
+    n100 = draw_subsets(PROTOCOL, tmp_path, "n100")
+    assert "full cannot be drawn here (cannot draw 500 items from 480)" in n100.description[2]
+    assert "train_fingerprint_full" not in n100.params and "train_shared_full_n100" not in n100.params
+    assert n100.params["train_fingerprint_n100"] == n100.fingerprints["train"]
+    with pytest.raises(BadInput, match="cannot draw 500 items from 480"):
+        draw_subsets(PROTOCOL, tmp_path, "full")
 
 
 # --- metrics and the stratified bootstrap ------------------------------------------------------------------------
@@ -265,6 +326,17 @@ def test_the_runners_bootstrap_equals_bootstrap_table_for_the_binary_protocol(tm
     reference = bootstrap_table(labels, {"zero_shot": None, "probe": (scores, scores > 0.6)}, n_boot=200, seed=SEED)
     pd.testing.assert_frame_equal(ours, reference, check_exact=True)
     assert bootstrap_scores(PROTOCOL, test.targets, methods, n_boot=0)["ci_low"].isna().all()
+
+
+def test_card_names_cover_only_the_methods_that_answered():
+    labels = np.array([0, 0, 1, 1, 1])
+    scores = np.array([0.1, 0.6, 0.4, 0.8, 0.9])
+    methods = {"zero_shot": None, "probe": Prediction(scores, scores > 0.5)}
+    table = bootstrap_scores(PROTOCOL, Targets("binary", ("Pneumonia",), labels), methods, n_boot=0)
+    assert card_metrics(table) == {
+        "roc_auc_probe": pytest.approx(5 / 6), "accuracy_probe": 0.6, "sensitivity_probe": pytest.approx(2 / 3),
+        "specificity_probe": 0.5, "average_precision_probe": pytest.approx((1 + 1 + 3 / 4) / 3),
+    }  # fmt: skip
 
 
 # --- probe -------------------------------------------------------------------------------------------------------
@@ -510,10 +582,17 @@ def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
     result = run_benchmark(PROTOCOL, draw, encoder, tmp_path / "data", n_boot=50, cache_dir=cache)
     assert result.cache_hits == {"train": False, "test": True} and encoder.calls == 600
     assert result.notes[-1] == "embeddings from the cache: test"
-    assert result.params == {"excluded_train_images": 4, "probe_C": 1.0, "probe_max_iter": 2000}
+    assert result.params == {**draw.params, "probe_C": 1.0, "probe_max_iter": 2000}
+    assert draw.params["excluded_train_images"] == 4
     # Brighter images are pneumonia in the generated set: both protocols rank far above chance.
     metrics = result.metrics()
     assert metrics["zero_shot/auroc"] > 0.9 and metrics["probe/auroc"] > 0.9
+    # The model card's names, logged beside the platform's, carry the same values.
+    card = {"auroc": "roc_auc", "accuracy": "accuracy", "sensitivity": "sensitivity", "specificity": "specificity",
+            "ap": "average_precision"}  # fmt: skip
+    for method, (metric, stem) in itertools.product(("zero_shot", "probe"), card.items()):
+        assert metrics[f"{stem}_{method}"] == metrics[f"{method}/{metric}"]
+    assert result.extras.metrics.keys() == {f"{stem}_{m}" for m in ("zero_shot", "probe") for stem in card.values()}
     assert len(result.scores) == 100 and set(result.scores["label"]) == {0, 1}
     # The model's own call (this encoder's: from 0.5 on), not a threshold the benchmark picks.
     assert ((result.scores["zero_shot_score"] >= 0.5) == result.scores["zero_shot_pneumonia"].astype(bool)).all()
