@@ -36,15 +36,14 @@ from evaluation.benchmarks.card import (
     run_metric_rows,
     unmet,
 )
-from evaluation.benchmarks.catalog import CONFIG_DIR, load_protocol
-from evaluation.benchmarks.cli import DEFAULT_ARTIFACT_ROOT, record
-from evaluation.benchmarks.embeddings import DEFAULT_CACHE_DIR
+from evaluation.benchmarks.catalog import load_protocol
+from evaluation.benchmarks.cli import add_run_options, record
 from evaluation.benchmarks.models import model_kind
 from evaluation.benchmarks.protocol import BadInput
 from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
 from training.errors import UserError
 from training.runs import MODEL_URI, resolve_run
-from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
+from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 USAGE = "make card MODEL=<run id | models:/<name>/<version> | models:/<name>@<alias>> [CARD=<yaml>] [ARGS=...]"
 DESCRIPTION_LIMIT = 5000
@@ -59,13 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="make card", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="run id | models:/name/N | models:/name@alias")
     parser.add_argument("--card", default=str(DEFAULT_CARD), help="the card's YAML (default: configs/card.yaml)")
-    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (the protocols': 1000)")
-    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="embedding cache folder")
-    parser.add_argument("--no-cache", action="store_true", help="encode again and store nothing")
-    parser.add_argument("--tracking-uri", default=None, help=f"default: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}")
-    parser.add_argument("--artifact-root", default=DEFAULT_ARTIFACT_ROOT, help="artifacts of a new local experiment")
-    parser.add_argument("--config-dir", default=str(CONFIG_DIR), help="folder of the protocol YAML files")
+    add_run_options(parser)
     return parser.parse_args(argv)
 
 

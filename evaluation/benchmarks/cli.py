@@ -36,15 +36,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="run id | models:/name@alias | models:/name/N | clip:<spec>")
     parser.add_argument("--data-root", default=None, help="the data set's release folder")
     parser.add_argument("--version", default=None, help="protocol version (default: the protocol's first)")
+    add_run_options(parser)
+    parser.add_argument("--experiment", default=None, help="default: benchmark-<name>")
+    return parser.parse_args(argv)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How a benchmark is run and where it is logged: shared by ``make benchmark`` and ``make card``, so the two
+    run a protocol the same way."""
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (the protocols': 1000)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="embedding cache folder")
     parser.add_argument("--no-cache", action="store_true", help="encode again and store nothing")
     parser.add_argument("--tracking-uri", default=None, help=f"default: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}")
     parser.add_argument("--artifact-root", default=DEFAULT_ARTIFACT_ROOT, help="artifacts of a new local experiment")
-    parser.add_argument("--experiment", default=None, help="default: benchmark-<name>")
     parser.add_argument("--config-dir", default=str(CONFIG_DIR), help="folder of the protocol YAML files")
-    return parser.parse_args(argv)
 
 
 def listing(folder: str) -> str:
