@@ -60,6 +60,12 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
     )
 
 
+def config_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """The Lightning callbacks the config names under ``callbacks.<key>`` (``ema=ema`` adds one); null entries skipped."""
+    nodes = cfg.get("callbacks") or {}
+    return [build_component(node) for node in nodes.values() if node]
+
+
 def error_status(error: BaseException) -> str:
     """MLflow status of a run that ended with ``error``: an interrupt KILLED, anything else FAILED."""
     return "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
@@ -97,7 +103,8 @@ def run_training(
     quiet_lightning()
     progress = cfg.trainer.get("enable_progress_bar", True)
     trainer = L.Trainer(
-        **cfg.trainer, logger=False, callbacks=[checkpoint, *console_callbacks(progress), *callbacks],
+        **cfg.trainer, logger=False,
+        callbacks=[checkpoint, *console_callbacks(progress), *config_callbacks(cfg), *callbacks],
         plugins=[AtomicCheckpointIO()],
         default_root_dir=cfg.tracking.checkpoint_root,
     )  # fmt: skip

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from torch import nn
-
+from training.models.heads import reset_head
 from training.runs import load_finished
 
 log = logging.getLogger(__name__)
@@ -55,8 +54,7 @@ class ClassifierRetraining(Stage):
         if not self.reinit_head:
             model.head.load_state_dict({k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")})
         else:
-            nn.init.normal_(model.head.weight, std=0.01)
-            nn.init.zeros_(model.head.bias)
+            reset_head(model.head)
         model.freeze_backbone()
         log.info(
             "cRT: backbone of run %s frozen, head %s", self.parent_run, "re-initialised" if self.reinit_head else "kept"

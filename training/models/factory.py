@@ -4,10 +4,11 @@ A run is described by its model, loss and adapter config plus its labels. Traini
 loading a run (:mod:`training.runs`) and the registered pyfunc build from the same plain dicts read back from
 the run, so the network that is served is the network that was trained.
 
-Which class: the plain :class:`~training.models.module.MultiLabelClassifier`, or the zero-shot adapter that
-``configs/adapter/<name>.yaml`` names by ``_target_`` (a ``MultiLabelClassifier`` subclass). The adapter config may
-come from a stored run, which anyone with write access to the tracking server can edit, so only classes of this
-project's ``training.`` package are accepted (docs/architecture.md, "Finished runs").
+Which class: the plain :class:`~training.models.module.MultiLabelClassifier`, the zero-shot adapter that
+``configs/adapter/<name>.yaml`` names by ``_target_``, or a network of another shape that the model config names as
+``model.module`` (the view-routed model of docs/recipes.md); each is a ``MultiLabelClassifier`` subclass. These
+configs may come from a stored run, which anyone with write access to the tracking server can edit, so only
+classes of this project's ``training.`` package are accepted (docs/architecture.md, "Finished runs").
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ class UnsafeTarget(ValueError):
 
 def adapter_class(adapter_cfg: Mapping) -> type[MultiLabelClassifier]:
     """The adapter's class, refusing anything that is not a ``MultiLabelClassifier`` of this project."""
-    target = str(adapter_cfg["_target_"])
+    return checked_class(str(adapter_cfg["_target_"]), "adapter._target_")
+
+
+def checked_class(target: str, where: str) -> type[MultiLabelClassifier]:
+    """The class ``target`` names, refusing anything that is not a ``MultiLabelClassifier`` of this project."""
     if not target.startswith(ADAPTER_PACKAGE):
-        raise UnsafeTarget(f"adapter._target_ {target!r} is not a class of this project's training package")
+        raise UnsafeTarget(f"{where} {target!r} is not a class of this project's training package")
     cls = get_class(target)
     if not (isinstance(cls, type) and issubclass(cls, MultiLabelClassifier)):
-        raise UnsafeTarget(f"adapter._target_ {target!r} is not a MultiLabelClassifier")
+        raise UnsafeTarget(f"{where} {target!r} is not a MultiLabelClassifier")
     return cls
 
 
@@ -44,10 +49,12 @@ def build_model(
     adapter_cfg: Mapping | None = None,
     unseen: Sequence[str] = (),
 ) -> MultiLabelClassifier:
-    """The plain classifier, or the adapter module when ``adapter_cfg`` names one (``adapter=none`` does not)."""
+    """The adapter module when ``adapter_cfg`` names one (``adapter=none`` does not), else ``model.module``'s class
+    (the plain classifier by default)."""
     args = (dict(model_cfg), dict(loss_cfg), list(labels))
     if not adapter_cfg or not adapter_cfg.get("_target_"):
-        return MultiLabelClassifier(*args)
+        module = model_cfg.get("module")
+        return (checked_class(str(module), "model.module") if module else MultiLabelClassifier)(*args)
     return adapter_class(adapter_cfg)(*args, adapter_cfg=dict(adapter_cfg), unseen=list(unseen or []))
 
 

@@ -1,4 +1,15 @@
-"""The one LightningModule: a backbone, a linear multi-label head, a configurable loss."""
+"""The one LightningModule: a backbone, a multi-label head (linear unless ``model.head`` names another), a loss.
+
+Extension points the recipes of docs/recipes.md build on, so that every variant trains, checkpoints, resumes,
+evaluates and serves through the same code:
+
+- ``model.head``: a head module (:mod:`training.models.heads`); one that sets ``uses_feature_map`` receives the
+  backbone's unpooled ``(B, F, h, w)`` map, one that defines ``training_loss`` adds its own terms (a gate, experts);
+- ``model.aux_loss``: a second, linear head on the pooled feature whose loss is added with a weight during
+  training only;
+- ``logit_temperature``: per-class temperatures fitted on validation after training (docs/recipes.md,
+  "Temperature scaling"); 1 while training, so a checkpoint without them behaves as before.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +35,7 @@ from evaluation.metric_registry import SUITE
 from training.checkpoint_io import global_rng_state, restore_global_rng_state
 from training.components import build_component
 from training.models.backbone import create_backbone
+from training.models.heads import build_head
 from training.models.schedule import warmup_cosine
 
 # A class without positives in a (small) validation split is expected in the tail; LabelCounts leaves it out of
@@ -93,6 +105,13 @@ class MultiLabelClassifier(L.LightningModule):
         self.save_hyperparameters()
         self.labels = list(labels)
         self.backbone, self.head = self.build_network(model_cfg)
+        aux = model_cfg.get("aux_loss") or {}
+        self.aux_weight = float(aux.get("weight", 0.0))
+        self.aux_head = nn.Linear(self.backbone.num_features, len(self.labels)) if self.aux_weight > 0 else None
+        # Divides the logits; fitted after training (evaluation/temperature.py), stored with the weights, so the
+        # checkpoint, `make evaluate`, `make submit` and the served model all apply it.
+        self.register_buffer("logit_temperature", torch.ones(len(self.labels)))
+        self.register_load_state_dict_pre_hook(_default_temperature)
         self.loss = build_component(loss_cfg)
         # Per-class values (average=None): torchmetrics' macro mean counts a class with no positive as AP 0,
         # the challenge leaves it out. LabelCounts tells which classes are defined; all three sync under DDP.
@@ -113,11 +132,30 @@ class MultiLabelClassifier(L.LightningModule):
         backbone = create_backbone(
             model_cfg["backbone"], pretrained=model_cfg.get("pretrained", False), **model_cfg.get("timm_kwargs", {})
         )
-        return backbone, nn.Linear(backbone.num_features, len(self.labels))
+        return backbone, build_head(model_cfg.get("head"), backbone.num_features, len(self.labels))
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """What the head reads: pooled ``(B, F)``, or the ``(B, F, h, w)`` map for a head that asks for it."""
+        if getattr(self.head, "uses_feature_map", False):
+            return self.backbone.forward_features(images)
+        return self.backbone(images)
+
+    def pooled(self, features: torch.Tensor) -> torch.Tensor:
+        """``(B, F)`` from :meth:`features`' output, pooled as the backbone pools."""
+        return self.backbone.forward_head(features) if features.ndim == 4 else features
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """``(B, 1, H, W)`` images to ``(B, C)`` logits."""
-        return self.head(self.backbone(images))
+        """``(B, 1, H, W)`` images to ``(B, C)`` logits (temperature-scaled once a temperature was fitted)."""
+        return self.head(self.features(images)) / self.logit_temperature
+
+    def training_loss(self, images: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The head's loss (its own ``training_loss`` when it has extra terms) plus the weighted auxiliary loss."""
+        features = self.features(images)
+        head_loss = getattr(self.head, "training_loss", None)
+        loss = head_loss(features, targets, mask, self.loss) if head_loss else self.loss(self.head(features), targets, mask)
+        if self.aux_head is not None:
+            loss = loss + self.aux_weight * self.loss(self.aux_head(self.pooled(features)), targets, mask)
+        return loss
 
     def set_label_statistics(self, class_counts: np.ndarray, n_samples: int) -> None:
         """Hand the training counts to the loss and apply any bias initialisation it asks for.
@@ -132,6 +170,8 @@ class MultiLabelClassifier(L.LightningModule):
         if bias is not None:
             with torch.no_grad():
                 self.head.bias.copy_(bias)
+                if self.aux_head is not None:
+                    self.aux_head.bias.copy_(bias)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -149,9 +189,8 @@ class MultiLabelClassifier(L.LightningModule):
         self.loss.on_epoch_start(self.current_epoch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        logits = self(batch["image"])  # (B, C)
         targets = batch["target"]  # (B, C), -1 = not labelled
-        loss = self.loss(logits, targets.clamp_min(0), targets >= 0)
+        loss = self.training_loss(batch["image"], targets.clamp_min(0), targets >= 0)
         self.log("loss", loss, on_step=True, on_epoch=False, prog_bar=True, logger=False)
         self.train_loss.update(loss.detach(), len(targets))
         return loss
@@ -226,6 +265,13 @@ class MultiLabelClassifier(L.LightningModule):
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _default_temperature(module, state_dict, prefix, *args) -> None:
+    """A checkpoint from before temperature scaling has no ``logit_temperature``: it was unscaled (all ones)."""
+    key = f"{prefix}logit_temperature"
+    if key not in state_dict and any(name.startswith(prefix) for name in state_dict):
+        state_dict[key] = torch.ones_like(module.logit_temperature)
 
 
 class LabelCounts(Metric):
