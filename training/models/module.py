@@ -152,7 +152,11 @@ class MultiLabelClassifier(L.LightningModule):
         """The head's loss (its own ``training_loss`` when it has extra terms) plus the weighted auxiliary loss."""
         features = self.features(images)
         head_loss = getattr(self.head, "training_loss", None)
-        loss = head_loss(features, targets, mask, self.loss) if head_loss else self.loss(self.head(features), targets, mask)
+        loss = (
+            head_loss(features, targets, mask, self.loss)
+            if head_loss
+            else self.loss(self.head(features), targets, mask)
+        )
         if self.aux_head is not None:
             loss = loss + self.aux_weight * self.loss(self.aux_head(self.pooled(features)), targets, mask)
         return loss
