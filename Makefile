@@ -12,7 +12,7 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 TRACKING_URI = $(PY) -m training.tracking.uri
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit benchmark card dicom-balance ui server test test-realdata test-slow test-server lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-realdata test-presets test-slow test-server lint format bench clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -76,6 +76,10 @@ submit: setup ## Validated submission (CSV; ImageCLEF run file for concept tasks
 		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)') \
 		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS))
 
+ensemble: setup ## Weights fitted on validation for several finished runs, logged as a run: make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]; then make submit MODEL=ensemble:<run id>
+	@test -n "$(strip $(MODELS))" || { echo 'usage: make ensemble TASK=task1 MODELS="<run id|models:/...> <...>" [WEIGHTS=per_model|per_class|mean]'; exit 2; }
+	$(PY) -m evaluation.ensemble_cli --task $(TASK) $(foreach m,$(MODELS),--model '$(m)') $(if $(WEIGHTS),--weighting '$(WEIGHTS)') $(ARGS)
+
 NAME ?=
 VERSION ?=
 benchmark: setup ## Benchmark a model (no NAME: list the protocols): make benchmark NAME=<name> MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=<version>]
@@ -107,6 +111,9 @@ test: setup ## Fast default test suite (no slow, real-data or GPU tests)
 test-realdata: setup ## Tests on the real radiographs in ../shared/data
 	$(PY) -m pytest -m realdata
 
+test-presets: setup ## Every configs/experiment preset trained at smoke size on CPU (experiment=<name> debug=smoke)
+	$(PY) -m pytest -m presets tests/presets
+
 test-slow: setup ## Slow tests (full-size training runs)
 	$(PY) -m pytest -m slow
 
@@ -129,10 +136,11 @@ prepare: setup ## Decode every image once into the cache: make prepare DATA=nih1
 data-check: setup ## Counts, groups, patients, overlaps, unreadable files: make data-check DATA=nih14 DATA_ROOT=/path
 	$(PY) -m training.data_check $(DATA_ARGS) $(ARGS)
 
-bench: setup ## Benchmarks, printing ratios measured side by side in one run
+bench: setup ## Benchmarks, printing ratios measured side by side in one run (bench_gpu: on CUDA only, else says why it skipped)
 	$(PY) tests/bench/bench_throughput.py
 	$(PY) tests/bench/bench_metrics.py
 	$(PY) tests/bench/bench_loader.py
+	$(PY) tests/bench/bench_gpu.py
 
 clean: ## Remove generated data, working checkpoints and caches (keeps the MLflow store and .venv)
 	rm -rf data/synthetic mlruns/checkpoints .pytest_cache .ruff_cache

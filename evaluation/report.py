@@ -100,6 +100,10 @@ def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = N
         lines.append(
             f"mAP perturbed: {_ci3(metrics, 'test_perturbed/mAP')} ({metrics['test_perturbed/delta/mAP']:+.3f})"
         )
+    if "test/calibration/mECE_before" in metrics and "test/calibration/mECE_after" in metrics:
+        how = "applied" if metrics.get("calibration/applied") == 1 else "off, diagnostic fit"
+        before, after = metrics["test/calibration/mECE_before"], metrics["test/calibration/mECE_after"]
+        lines.append(f"test mECE before/after temperature scaling ({how}): {before:.3f} -> {after:.3f}")
     if "heldout/mAP" in metrics:
         seen = f"; {TRAINED_ON_CAVEAT}" if metrics.get("heldout/trained_on") == 1 else ""
         lines.append(f"held-out subset ({int(metrics.get('heldout/n_images', 0))} cases{seen}): "
@@ -126,6 +130,34 @@ def _heldout_section(evaluation) -> list[str]:
     return lines
 
 
+def _calibration_section(evaluation) -> list[str]:
+    """ECE before and after temperature scaling on validation and test, and whether the scaling was applied: the
+    numbers that show whether a run's mECE (a tie-break) came from the network or from the fitted temperature."""
+    fit = getattr(evaluation, "calibration", None)
+    if fit is None:
+        return []
+    m = evaluation.metrics
+    t = fit.temperature
+    value = f"T = {t[0]:.3f}" if fit.mode == "global" else f"T per class in [{t.min():.3f}, {t.max():.3f}]"
+    if fit.applied:
+        state = (f"applied ({fit.mode}, {value}, fitted on validation): every test column above and the stored "
+                 "checkpoint use the scaled logits; `before` is the unscaled model.")  # fmt: skip
+    else:
+        state = (f"off (`calibration=none`): the test columns above are of the unscaled model; `after` shows what a "
+                 f"global temperature fitted on validation would give ({value}), as a diagnostic only.")  # fmt: skip
+    lines = ["", "## Calibration (temperature scaling)", "", f"Temperature scaling {state}"]
+    if fit.fallback:
+        lines.append(f"Classes without both positives and negatives on validation keep the global T: "
+                     f"{', '.join(fit.fallback)}.")  # fmt: skip
+    header = "| split | mECE before | mECE after | ECE_pooled before | ECE_pooled after | NLL before | NLL after |"
+    lines += ["", header, "|---|---|---|---|---|---|---|"]
+    for split in ("val", "test"):
+        keys = [f"{split}/calibration/{name}_{when}" for name in ("mECE", "ECE_pooled", "nll")
+                for when in ("before", "after")]  # fmt: skip
+        lines.append(f"| {split} | " + " | ".join(f"{m[k]:.4f}" if k in m else "-" for k in keys) + " |")
+    return lines
+
+
 def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     """Headline metrics per metric set, head-to-tail groups, per source, per class; figures linked."""
     m = evaluation.metrics
@@ -148,6 +180,7 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     notes = interval_notes(evaluation)
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
+    lines += _calibration_section(evaluation)
     lines += _heldout_section(evaluation)
 
     lines += ["", "## Head-to-tail (groups by training prevalence)", "",

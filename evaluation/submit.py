@@ -6,7 +6,9 @@ test set is scored the same way. With ``--template`` the rows are the template's
 
 Models. Each ``--model`` is a registry URI (``models:/cxrlt-task1@champion``, ``models:/cxrlt-task1/3``), a
 ``runs:/<id>`` URI or a bare run id; several are averaged (probabilities, after each one's own TTA), which is the
-checkpoint ensemble of the challenge's winners. Every member must predict the same labels.
+checkpoint ensemble of the challenge's winners. Every member must predict the same labels. ``ensemble:<run id>``
+(alone) names a ``make ensemble`` run instead: its members, weighted per class as its checked
+``ensemble/weights.json`` says (:mod:`evaluation.ensemble`), replace the plain mean.
 
 The file is validated (:mod:`evaluation.submission`) before it is written, then logged to each member's source
 run under ``submissions/``.
@@ -38,6 +40,7 @@ from omegaconf import OmegaConf
 
 from evaluation.concept_tables import read_ids, split_concepts, truth_matrix
 from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
+from evaluation.ensemble import WEIGHTS_ARTIFACT, EnsembleError, StoredEnsemble, load_weights
 from evaluation.imageclef_concepts import write_run
 from evaluation.registry import ALIAS, model_name
 from evaluation.serving import Scorer
@@ -88,27 +91,36 @@ def rows_to_predict(manifest: Path, split: str | None, ids: Sequence[str] | None
     return rows[["image_id", "path"]].reset_index(drop=True)
 
 
-def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAPredictor | None) -> np.ndarray:
-    """Mean ``(N, C)`` probability over members; images are decoded once per image size."""
+def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAPredictor | None,
+                     weights: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Mean ``(N, C)`` probability over members, or their sum weighted by ``(K, C)`` ``weights`` (columns summing
+    to one); images are decoded once per image size."""
     labels = members[0].labels
     for member in members[1:]:
         if member.labels != labels:
             raise ValueError(f"ensemble members disagree on labels: run {member.run_id} predicts {member.labels}")
     decoded: dict[int, np.ndarray] = {}
     total = np.zeros((len(paths), len(labels)))
-    for member in members:
+    for k, member in enumerate(members):
         key = (member.image_size, member.resize)  # members trained at other sizes or geometries decode their own
         if key not in decoded:
             decoded[key] = np.stack([read_grayscale(p, member.image_size, member.resize) for p in paths])
-        total += member.predict_images(decoded[key], tta)
-    return total / len(members)
+        probs = member.predict_images(decoded[key], tta)
+        total += probs if weights is None else weights[k] * probs
+    return total / len(members) if weights is None else total
 
 
 def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path: Path | None = None,
            manifest: Path | None = None, root: Path | None = None, split: str = "test",
            tta: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Predict, build, validate, write and log a submission; returns the written frame."""
-    members = [Scorer.load(uri, client) for uri in models]
+    stored = ensemble_weights(client, models)
+    members = [Scorer.load(uri, client) for uri in (stored.members if stored else models)]
+    if stored:
+        for member in members:
+            if member.labels != stored.labels:
+                raise EnsembleError(f"run {member.run_id} predicts other labels than ensemble run {stored.run_id} "
+                                    f"weighs ({WEIGHTS_ARTIFACT}); refit it with make ensemble")  # fmt: skip
     labels = members[0].labels
     if manifest is None:
         manifest, root = run_manifest(client, members[0].run_id)
@@ -118,16 +130,33 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
     template = template or Template.default(members[0].submission_labels, rows["image_id"].tolist())
     predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
     log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
-    probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor)
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor, stored.weights if stored else None)
     frame = build_submission(template, rows["image_id"].tolist(), probs, labels)
     validate(frame, template)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False, float_format="%.6f")
     validate_file(out, template)  # the bytes on disk, re-read, are what gets sent
-    for run_id in dict.fromkeys(m.run_id for m in members if m.run_id):
+    for run_id in dict.fromkeys([*(m.run_id for m in members if m.run_id), *([stored.run_id] if stored else [])]):
         client.log_artifact(run_id, str(out), "submissions")
         client.set_tag(run_id, "cxrlt.last_submission", out.name)
     return frame
+
+
+ENSEMBLE_PREFIX = "ensemble:"
+
+
+def ensemble_weights(client: MlflowClient, models: Sequence[str]) -> StoredEnsemble | None:
+    """The checked weights of ``ensemble:<run id>``, or None for ordinary models (the plain mean).
+
+    The weights were fitted for exactly those members, so an ensemble run cannot be mixed with other models.
+    """
+    named = [m for m in models if m.startswith(ENSEMBLE_PREFIX)]
+    if not named:
+        return None
+    if len(models) != 1:
+        raise EnsembleError(f"{named[0]} brings its own members and weights; give it alone as MODEL")
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_weights(client, named[0].removeprefix(ENSEMBLE_PREFIX), tmp)
 
 
 def validation_concept_thresholds(manifest: Path, root: Path, members: Sequence[Scorer], tta: TTAPredictor | None,
@@ -197,6 +226,8 @@ def _write_probabilities(client: MlflowClient, models: Sequence[str], out: Path,
 
 
 def _write_concepts(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
+    if any(m.startswith(ENSEMBLE_PREFIX) for m in models):
+        raise SubmissionError("ensemble weights (make ensemble) are for probability submissions, not concept tasks")
     mode = args.thresholds or str(task_setting(args.task, "thresholds", "per_class"))
     if mode not in MODES:
         raise SubmissionError(f"thresholds {mode!r} is not one of {sorted(MODES)}")
@@ -214,7 +245,11 @@ WRITERS = {"probabilities": _write_probabilities, "concepts": _write_concepts}
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="task1")
-    parser.add_argument("--model", action="append", help=f"repeatable; default models:/cxrlt-<task>@{ALIAS}")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help=f"repeatable; default models:/cxrlt-<task>@{ALIAS}; or ensemble:<make ensemble run id>",
+    )
     parser.add_argument("--template", type=Path, default=None, help="the organisers' template CSV")
     parser.add_argument("--manifest", type=Path, default=None, help="manifest to predict (default: the run's)")
     parser.add_argument("--root", type=Path, default=None, help="image root of --manifest (default: its folder)")
@@ -235,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
     out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
-    with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, debug=args.debug):
+    with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
         message = WRITERS[submission_format(args.task)](tracking_client(uri), models, out, args)
     log.info("%s", message)
 

@@ -1,5 +1,6 @@
-"""The test phase of a trained model, one sequence for training and for ``make evaluate``: evaluate -> held-out
-stability subset -> store -> zero-shot (unseen-class) report -> store.
+"""The test phase of a trained model, one sequence for training and for ``make evaluate``: temperature fitted on
+validation (evaluation/temperature.py) -> evaluate -> held-out stability subset -> store -> zero-shot (unseen-class)
+report -> store.
 
 Training runs it on the best checkpoint right after fitting; ``make evaluate RUN=<id>`` runs it again on a
 finished run with new evaluation or TTA settings. Both write through a :class:`RunSink`, so a new metric set or
@@ -16,6 +17,8 @@ from typing import Protocol
 from evaluation.evaluate import Evaluation, evaluate, store
 from evaluation.heldout import ARTIFACT, attach, evaluate_heldout, tags, write_record
 from evaluation.report import interval_notes
+from evaluation.temperature import ARTIFACT as TEMPERATURE_ARTIFACT
+from evaluation.temperature import calibrate
 from evaluation.unseen import UnseenReport, compute_unseen, store_unseen
 
 log = logging.getLogger(__name__)
@@ -39,13 +42,22 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
     Args:
         model: a ``MultiLabelClassifier`` (or zero-shot adapter) holding the best checkpoint's weights.
         datamodule: the data module the model was trained on, set up.
-        cfg: the run's config with its ``evaluation`` and ``tta`` nodes.
+        cfg: the run's config with its ``evaluation``, ``tta`` and (optional) ``calibration`` nodes.
         sink: the run the results are written to.
+
+    With ``calibration`` naming a fitter, ``model.logit_temperature`` holds the fitted temperatures afterwards, so
+    the caller's checkpoint can carry them (training.pipeline re-saves ``best.ckpt``).
 
     Returns:
         The evaluation and the unseen-class report (None unless the model is zero-shot).
     """
+    # First, so every prediction below (test, TTA, perturbed, held-out, predictions/*.csv) is of the scaled model.
+    temperature = calibrate(model, datamodule, cfg.get("calibration"))
     evaluation = evaluate(model, datamodule, cfg)
+    if temperature is not None:
+        temperature.add_test(datamodule.datasets["test"].targets.numpy(), evaluation.sets["test"].probs)
+        evaluation.metrics.update(temperature.logged())
+        evaluation.calibration = temperature  # read by evaluation.report for the before/after section
     # Before `store`, as one more metric set: logged, tabled and reported like the others (docs/rules.md §10).
     heldout = evaluate_heldout(model, datamodule, cfg, evaluation)
     if heldout is not None:
@@ -58,6 +70,9 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
         if heldout is not None:
             sink.log_artifact(write_record(heldout.draw, Path(tmp) / ARTIFACT), str(Path(ARTIFACT).parent))
             sink.set_tags(tags(heldout.draw))
+        if temperature is not None:
+            record = temperature.write(Path(tmp) / TEMPERATURE_ARTIFACT)
+            sink.log_artifact(record, str(Path(TEMPERATURE_ARTIFACT).parent))
     unseen = compute_unseen(model, datamodule, cfg)
     if unseen is not None:
         store_unseen(unseen, sink.log_metrics, sink.log_artifact, sink.set_tags)

@@ -25,6 +25,7 @@ EVALUATION_APPLICATIONS = (
     "evaluation.serving",
     "evaluation.submission",
     "evaluation.submit",
+    "evaluation.ensemble_cli",
     "evaluation.benchmarks",
 )
 #: Core-side modules allowed to read one training contract: TTA normalises images exactly as training does.

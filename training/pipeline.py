@@ -57,7 +57,24 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
         resize=cfg.data.get("resize", "stretch"),
         cache=cfg.data.get("cache", True),
         cache_root=cfg.data.get("cache_root") or "data/cache/prepared",
+        # A view-routed model (model.views) trains its experts and router on each image's manifest projection.
+        views=list(cfg.model.views) if cfg.model.get("views") else None,
     )
+
+
+def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint, ModelCheckpoint]:
+    """``best.ckpt`` (the monitored best: what is tested and logged) and ``last.ckpt`` (what ``resume=true`` reads).
+
+    ``last.ckpt`` is written every epoch by a second, unmonitored callback: since Lightning 2.6 a monitored
+    callback's ``save_last`` rewrites it only in epochs whose metric improved, so a killed run would redo every
+    epoch since its last improvement. Listed after the best one, it holds that one's state too.
+    """
+    best = ModelCheckpoint(
+        filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode, save_top_k=1,
+        enable_version_counter=False, save_on_train_epoch_end=True,
+    )  # fmt: skip
+    latest = ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True)
+    return best, latest
 
 
 def config_callbacks(cfg: DictConfig) -> list[L.Callback]:
@@ -94,17 +111,13 @@ def run_training(
             pruned run KILLED rather than FAILED).
     """
     L.seed_everything(cfg.seed, workers=True)
-    # Its folder is the run's, set below once rank 0 has opened the run.
-    checkpoint = ModelCheckpoint(
-        filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode, save_top_k=1, save_last=True,
-        enable_version_counter=False, save_on_train_epoch_end=True,
-    )  # fmt: skip
+    checkpoint, latest = checkpoint_callbacks(cfg)  # their folder is the run's, set once rank 0 opened it
     # Built before the run exists: its strategy says which process this is. The logger is attached on rank 0 only.
     quiet_lightning()
     progress = cfg.trainer.get("enable_progress_bar", True)
     trainer = L.Trainer(
         **cfg.trainer, logger=False,
-        callbacks=[checkpoint, *console_callbacks(progress), *config_callbacks(cfg), *callbacks],
+        callbacks=[checkpoint, latest, *console_callbacks(progress), *config_callbacks(cfg), *callbacks],
         plugins=[AtomicCheckpointIO()],
         default_root_dir=cfg.tracking.checkpoint_root,
     )  # fmt: skip
@@ -127,7 +140,7 @@ def run_training(
         for session in sessions:
             session.close(status_on_error(error))
         raise
-    checkpoint.dirpath = run["checkpoint_dir"]
+    checkpoint.dirpath = latest.dirpath = run["checkpoint_dir"]
     if not process.is_zero:  # trains its share, logs nothing; cRT may still read the parent run's checkpoint
         try:
             _fit(cfg, trainer, datamodule, stage, tracking_client(tracking_uri(cfg)), run["resume_from"])
@@ -196,6 +209,9 @@ def _test(
     )
     session.log_metrics({"best_epoch": state["epoch"], **best_score})
     evaluation, unseen = run_test_phase(model, datamodule, cfg, session)  # zero-shot tasks: test_unseen/... too
+    if "logit_temperature" in state["state_dict"]:  # fitted by the test phase: the stored weights must carry it
+        state["state_dict"]["logit_temperature"] = model.logit_temperature.detach().cpu().clone()
+        AtomicCheckpointIO().save_checkpoint(state, best)
     session.log_artifact(best, "checkpoints")
     lines = summary_lines(evaluation.metrics, unseen.metrics if unseen else None)
     lines.append(f"report: {session.artifact_uri}/evaluation/report.html")

@@ -151,8 +151,9 @@ class FinishedModel:
 
 
 def _network(model_cfg, loss_cfg, labels, adapter_cfg, unseen) -> MultiLabelClassifier:
-    """The network without pretrained weights: the weights come from the run, never a download."""
-    return build_model({**model_cfg, "pretrained": False}, loss_cfg, labels, adapter_cfg or None, unseen)
+    """The network without pretrained weights: the weights come from the run, never a download or a weights file."""
+    model_cfg = {**model_cfg, "pretrained": False, "weights": None}
+    return build_model(model_cfg, loss_cfg, labels, adapter_cfg or None, unseen)
 
 
 def parse_reference(reference: str) -> tuple[str, str | None]:

@@ -36,7 +36,7 @@ from torch import nn
 
 from evaluation.benchmarks.clip_models import ClipEncoder
 from evaluation.benchmarks.encoders import Encoder
-from evaluation.benchmarks.platform_models import PlatformRunEncoder
+from evaluation.benchmarks.platform_models import PlatformRunEncoder, head_input
 
 __all__ = [
     "FLOOR_NOTES",
@@ -254,14 +254,15 @@ class LogitSum:
 
 
 class _Logits(nn.Module):
-    """``head(backbone(x))``: the logits exactly as :meth:`PlatformRunEncoder.encode` computes them."""
+    """``head(features(x))``: the logits exactly as :meth:`PlatformRunEncoder.encode` computes them (a head that
+    reads the unpooled map gets it, as in training)."""
 
-    def __init__(self, backbone: nn.Module, head: nn.Module):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.backbone, self.head = backbone, head
+        self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x))
+        return self.model.head(head_input(self.model, x)[0])
 
 
 def gradcam_heatmaps(encoder: PlatformRunEncoder, images: np.ndarray, labels: Sequence[str]) -> np.ndarray | None:
@@ -279,7 +280,7 @@ def gradcam_heatmaps(encoder: PlatformRunEncoder, images: np.ndarray, labels: Se
         return out
     with _frozen(model):
         x = encoder.to_tensor(images).requires_grad_(True)  # the graph reaches the map through the input alone
-        cam = GradCAM(_Logits(model.backbone, model.head), [layer.module])
+        cam = GradCAM(_Logits(model), [layer.module])
         try:
             for j, columns in wanted:
                 out[:, j] = cam(x, [LogitSum(columns)] * n)

@@ -136,8 +136,8 @@ class PlatformRunEncoder(Encoder):
 
     @torch.inference_mode()
     def encode(self, images: np.ndarray) -> Encoded:
-        features = self.model.backbone(self.to_tensor(images))  # (B, F)
-        embeddings = features.float().numpy()
+        features, pooled = head_input(self.model, self.to_tensor(images))
+        embeddings = pooled.float().numpy()  # (B, F) for the linear probe, whatever the head reads
         if not self.any_zero_shot:
             return Encoded(embeddings)
         probs = torch.sigmoid(self.model.head(features)).float().numpy()  # (B, L)
@@ -145,3 +145,16 @@ class PlatformRunEncoder(Encoder):
         scores = np.stack([score for score, _ in answers], axis=1)  # (B, T)
         decisions = np.stack([decision for _, decision in answers], axis=1)
         return Encoded(embeddings, scores, decisions)
+
+
+def head_input(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(what model.head reads, the pooled (B, F) feature)`` for images ``x``.
+
+    A head may read the backbone's unpooled map (``uses_feature_map``, the query head), so the platform's
+    ``features``/``pooled`` decide; a bare ``backbone`` + ``head`` network (no ``pooled``) feeds pooled features.
+    """
+    if not hasattr(model, "pooled"):
+        features = model.backbone(x)
+        return features, features
+    features = model.features(x)
+    return features, model.pooled(features)

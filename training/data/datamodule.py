@@ -13,10 +13,11 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, get_worker_info
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
-from training.data.dataset import ManifestDataset
+from training.data.dataset import ManifestDataset, view_indices
 from training.data.manifest import Manifest, load_manifest
 from training.data.sources import manifest_vocabulary
 from training.data.transforms import build_transform, stream_seed
+from training.hardware import on_cuda, persistent_workers, pin_memory
 from training.samplers.base import SamplingStrategy
 from training.samplers.distributed import EvalShardSampler, TrainShardSampler
 
@@ -67,6 +68,12 @@ class CXRDataModule(L.LightningDataModule):
             :mod:`training.data.images`).
         cache: read the preprocessing cache of ``make prepare`` when one exists for this manifest and size.
         cache_root: where caches live.
+        views: projection names a view-routed model routes between (``model.views``); each item then carries
+            ``"view"``, the index of its manifest ``view`` in this list (-1 unknown or no ``view`` column). None:
+            items carry no view.
+        loader_settings: ``pin_memory`` and ``persistent_workers`` of the loaders, each ``auto``, ``true`` or
+            ``false`` (:mod:`training.hardware`); ``configs/gpu`` sets them through its callback before the loaders
+            are built. ``auto`` pins batches only when the Trainer runs on CUDA.
     """
 
     def __init__(
@@ -85,6 +92,8 @@ class CXRDataModule(L.LightningDataModule):
         resize: str = "stretch",
         cache: bool = True,
         cache_root: str = str(CACHE_ROOT),
+        views: Sequence[str] | None = None,
+        loader_settings: dict | None = None,
     ):
         super().__init__()
         self.source = source
@@ -99,6 +108,8 @@ class CXRDataModule(L.LightningDataModule):
         self.extra_columns = tuple(extra_columns)
         self.seed = seed
         self.resize, self.cache, self.cache_root = resize, cache, cache_root
+        self.views = None if views is None else tuple(views)
+        self.loader_settings = {"pin_memory": "auto", "persistent_workers": "auto", **(loader_settings or {})}
         self.store: np.ndarray | None = None
         self.manifest: Manifest | None = None
         self.datasets: dict[str, ManifestDataset] = {}
@@ -158,10 +169,13 @@ class CXRDataModule(L.LightningDataModule):
         if len(rows) == 0:
             raise ValueError(f"{self.manifest.source_file}: split {split!r} is empty")
         steps = self.train_augment if split == "train" else None
+        views = None
+        if self.views is not None:
+            views = view_indices(rows["view"], self.views) if "view" in rows else np.full(len(rows), -1, np.int64)
         return ManifestDataset(
             self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, build_transform(steps),
             preload=self.preload, resize=self.resize, store=self.store,
-            positions=positions if self.store is not None else None,
+            positions=positions if self.store is not None else None, views=views,
         )  # fmt: skip
 
     @property
@@ -269,7 +283,9 @@ class CXRDataModule(L.LightningDataModule):
             sampler=sampler,
             drop_last=drop_last and len(dataset) > self.batch_size,
             num_workers=self.num_workers,
-            persistent_workers=persistent and self.num_workers > 0,
+            persistent_workers=persistent
+            and persistent_workers(self.loader_settings["persistent_workers"], self.num_workers),
+            pin_memory=pin_memory(self.loader_settings["pin_memory"], on_cuda(self.trainer)),
             worker_init_fn=worker_init_fn,
             generator=torch.Generator().manual_seed(self.seed),
         )

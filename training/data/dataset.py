@@ -11,6 +11,41 @@ from torch.utils.data import Dataset
 
 from training.data.images import ImageDecodeError, read_grayscale
 
+# Projection spellings seen across sources (NIH "PA"/"AP", MIMIC "AP AXIAL", "XTABLE LATERAL", "LL", PadChest
+# "AP_horizontal", lower case from hand-made manifests) folded onto one name, so a view-routed model configured
+# with ``views: [PA, AP, LATERAL]`` routes every source alike.
+VIEW_SYNONYMS = {"PA": "PA", "POSTEROANTERIOR": "PA", "AP": "AP", "ANTEROPOSTERIOR": "AP"}
+LATERAL_WORDS = {"LATERAL", "LAT", "LL", "RL", "LLAT", "RLAT"}
+NO_VIEW = {"", "NAN", "NONE", "NULL", "NA", "UNKNOWN"}
+
+
+def canonical_view(value) -> str | None:
+    """The projection a manifest's ``view`` value names: ``PA``, ``AP``, ``LATERAL``, another name upper-cased, or
+    None when the value says nothing (empty, NaN).
+
+    The first word decides PA/AP ("AP Supine", "PA LLD", "P-A" are frontal films); a lateral word
+    anywhere makes it ``LATERAL`` ("XTABLE LATERAL", "Left lateral").
+    """
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return None
+    words = "".join(c if c.isalnum() else " " for c in str(value).upper()).split()
+    if not words or " ".join(words) in NO_VIEW:
+        return None
+    if len(words) > 1 and words[0] + words[1] in ("PA", "AP"):  # "P-A", "A/P"
+        words = [words[0] + words[1], *words[2:]]
+    if words[0] in VIEW_SYNONYMS:
+        return VIEW_SYNONYMS[words[0]]
+    if LATERAL_WORDS.intersection(words):
+        return "LATERAL"
+    return " ".join(words)
+
+
+def view_indices(values, views) -> np.ndarray:
+    """``(N,)`` int64 position of each value's canonical view in ``views`` (also canonicalised); -1 when the value
+    names no view or one outside the list, which the routed model treats as unknown rather than an error."""
+    order = {canonical_view(name): i for i, name in enumerate(views)}
+    return np.asarray([order.get(canonical_view(value), -1) for value in values], dtype=np.int64)
+
 
 class ManifestDataset(Dataset):
     """Images and targets of one split, from one of three places.
@@ -32,10 +67,12 @@ class ManifestDataset(Dataset):
         resize: resize mode (see :mod:`training.data.images`).
         store: ``(M, H, W)`` uint8 array holding this split's images among others (the cache), or None.
         positions: ``(N,)`` row of each image in ``store``.
+        views: ``(N,)`` int view index per image (-1 unknown), added to each item as ``"view"``; None (models that
+            do not route) leaves the items as they were.
     """
 
     def __init__(self, root, paths, targets, image_ids, image_size, transform, preload=True, threads=4,
-                 resize="stretch", store=None, positions=None):  # fmt: skip
+                 resize="stretch", store=None, positions=None, views=None):  # fmt: skip
         self.root = Path(root)
         self.paths = list(paths)
         self.targets = torch.as_tensor(np.asarray(targets, dtype=np.float32))
@@ -44,6 +81,7 @@ class ManifestDataset(Dataset):
         self.resize = resize
         self.transform = transform
         self.store, self.positions = store, None if positions is None else np.asarray(positions)
+        self.views = None if views is None else torch.as_tensor(np.asarray(views, dtype=np.int64))
         if store is None and preload:
             with ThreadPoolExecutor(threads) as pool:
                 decoded = list(pool.map(self._try_decode, range(len(self.paths))))
@@ -80,8 +118,11 @@ class ManifestDataset(Dataset):
         return self.store[index if self.positions is None else self.positions[index]]
 
     def __getitem__(self, index: int) -> dict:
-        return {
+        item = {
             "image": self.transform(image=np.ascontiguousarray(self.image(index)))["image"],  # (1, H, W) float
             "target": self.targets[index],  # (C,)
             "index": index,
         }
+        if self.views is not None:
+            item["view"] = self.views[index]  # () int64, -1 = unknown
+        return item

@@ -34,7 +34,7 @@ from evaluation.groups import class_groups, group_means
 from evaluation.metric_registry import SUITE
 from training.checkpoint_io import global_rng_state, restore_global_rng_state
 from training.components import build_component
-from training.models.backbone import create_backbone
+from training.models.backbone import backbone_from_config
 from training.models.heads import build_head
 from training.models.schedule import warmup_cosine
 
@@ -129,10 +129,8 @@ class MultiLabelClassifier(L.LightningModule):
         A hook for subclasses (the zero-shot adapters replace the head or the whole network); called during
         ``__init__`` after ``self.labels`` and ``self.hparams`` are set.
         """
-        backbone = create_backbone(
-            model_cfg["backbone"], pretrained=model_cfg.get("pretrained", False), **model_cfg.get("timm_kwargs", {})
-        )
-        return backbone, build_head(model_cfg.get("head"), backbone.num_features, len(self.labels))
+        backbone = backbone_from_config(model_cfg)
+        return backbone, build_head(model_cfg.get("head"), backbone.num_features, len(self.labels), self.labels)
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """What the head reads: pooled ``(B, F)``, or the ``(B, F, h, w)`` map for a head that asks for it."""

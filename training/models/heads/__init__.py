@@ -8,7 +8,8 @@ mixture of experts) defines ``training_loss(features, targets, mask, loss)``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Mapping, Sequence
 
 from hydra.utils import get_class
 from torch import nn
@@ -20,10 +21,13 @@ class UnsafeHead(ValueError):
     """``model.head._target_`` names a class outside this package (configs read back from runs are untrusted)."""
 
 
-def build_head(cfg: Mapping | None, in_features: int, num_labels: int) -> nn.Module:
+def build_head(
+    cfg: Mapping | None, in_features: int, num_labels: int, labels: Sequence[str] | None = None
+) -> nn.Module:
     """The head ``cfg`` describes; no config, or ``linear``, is the plain ``nn.Linear`` older runs were trained with.
 
-    The linear head stays an ``nn.Linear`` at ``head`` so checkpoints of every earlier run keep their keys.
+    The linear head stays an ``nn.Linear`` at ``head`` so checkpoints of every earlier run keep their keys. Only a
+    head whose constructor takes ``labels`` gets the label names (the two-stage head finds ``Normal`` by name).
     """
     cfg = dict(cfg or {})
     target = cfg.pop("_target_", None)
@@ -35,6 +39,8 @@ def build_head(cfg: Mapping | None, in_features: int, num_labels: int) -> nn.Mod
     cls = get_class(str(target))
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise UnsafeHead(f"model.head._target_ {target!r} is not a torch module")
+    if labels is not None and "labels" in inspect.signature(cls).parameters:
+        cfg["labels"] = list(labels)
     return cls(in_features=in_features, num_labels=num_labels, **cfg)
 
 

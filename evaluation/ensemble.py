@@ -1,0 +1,329 @@
+"""Ensemble weights fitted on validation predictions, stored in an MLflow run and reused by ``make submit``.
+
+``make submit`` with several models averages their probabilities. The plain mean treats a weak member like a
+strong one; the weightings here (``configs/ensemble/``) instead choose nonnegative weights that sum to one, on
+the members' stored validation predictions, to maximise what the challenge ranks by: macro average precision.
+
+- :class:`MeanWeights`: the plain mean, kept as a weighting so that its numbers come out of the same code.
+- :class:`PerModelWeights`: one weight per member, shared by every class.
+- :class:`PerClassWeights`: one weight vector per class, fitted on that class's AP, then shrunk toward a
+  prior weighting by how few labelled validation positives the class has (docs/recipes-ensemble.md).
+
+AP is piecewise constant in the weights (it only changes when two images swap ranks), so gradients are useless;
+the search is a seeded, derivative-free ascent on the simplex (:func:`simplex_ascent`). Everything read back from
+a run (predictions, ``ensemble/weights.json``) is untrusted: it is checked and refused with a message naming the
+run and what is wrong (:class:`EnsembleError`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from evaluation.metric_registry import average_precision
+from evaluation.predictions import PredictionsError, read_predictions
+
+WEIGHTS_ARTIFACT = "ensemble/weights.json"
+KIND_TAG = ("cxrlt.kind", "ensemble")
+FORMAT = 1
+#: A member must be a run of this store, named by its id (hex), never by a path or URI from the file.
+RUN_ID = re.compile(r"^[0-9a-zA-Z_-]{1,64}$")
+#: How far a stored weight column may be from summing to one (float round trip through JSON).
+SUM_TOLERANCE = 1e-6
+
+
+class EnsembleError(ValueError):
+    """Members that cannot be combined, or stored weights that cannot be trusted; the message names the run.
+
+    A user error (the entry points that meet it declare it to :func:`training.errors.user_errors`), but not a
+    ``UserError`` subclass: this module is evaluation core and imports nothing from ``training``."""
+
+
+# --- the objective -------------------------------------------------------------------------------------------
+
+
+def class_ap(targets: np.ndarray, scores: np.ndarray) -> float:
+    """AP of one class over its labelled rows (target -1 left out); NaN without a positive, as the suite does."""
+    known = targets >= 0
+    return average_precision(targets[known] == 1, scores[known])
+
+
+def macro_ap(targets: np.ndarray, probs: np.ndarray) -> float:
+    """Mean AP over the classes with a labelled positive: the challenge's mAP (``evaluation.suite``'s rule)."""
+    values = [class_ap(targets[:, c], probs[:, c]) for c in range(targets.shape[1])]
+    defined = [v for v in values if math.isfinite(v)]
+    return float(np.mean(defined)) if defined else float("nan")
+
+
+def combine(probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``(N, C)`` weighted sum of member probabilities ``(K, N, C)`` with per-class weights ``(K, C)``."""
+    return np.einsum("knc,kc->nc", np.asarray(probs, dtype=np.float64), np.asarray(weights, dtype=np.float64))
+
+
+# --- the search ----------------------------------------------------------------------------------------------
+
+STEPS = (0.5, 0.25, 0.1, 0.05, 0.02, 0.01)
+
+
+def simplex_ascent(objective: Callable[[np.ndarray], float], k: int, rng: np.random.Generator,
+                   n_random: int = 32, steps: Sequence[float] = STEPS,
+                   start: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Weights on the ``k``-simplex maximising ``objective``: best of a few seeded starts, then pairwise moves.
+
+    A move shifts ``step`` of weight from one member to another and is kept only when it strictly improves the
+    objective, so among equally good weightings the search stays at its start (the uniform mean or ``start``):
+    a plateau of AP is no reason to move away from the prior. The starts are ``start`` (else uniform), the
+    vertices, and ``n_random`` Dirichlet draws, evaluated in that order with ties kept by the earliest.
+    """
+    first = np.full(k, 1.0 / k) if start is None else np.asarray(start, dtype=np.float64)
+    if k == 1:
+        return np.ones(1)
+    candidates = [first, *np.eye(k), *rng.dirichlet(np.ones(k), size=n_random)]
+    best, best_value = first, _value(objective, first)
+    for candidate in candidates[1:]:
+        value = _value(objective, candidate)
+        if value > best_value:
+            best, best_value = candidate, value
+    for step in steps:
+        improved = True
+        while improved:
+            improved = False
+            for giver in range(k):
+                for taker in range(k):
+                    if giver == taker or best[giver] <= 0:
+                        continue
+                    moved = min(step, best[giver])
+                    candidate = best.copy()
+                    candidate[giver] -= moved
+                    candidate[taker] += moved
+                    value = _value(objective, candidate)
+                    if value > best_value + 1e-12:
+                        best, best_value, improved = candidate, value, True
+    return np.clip(best, 0.0, None) / np.clip(best, 0.0, None).sum()
+
+
+def _value(objective: Callable[[np.ndarray], float], weights: np.ndarray) -> float:
+    value = objective(weights)
+    return value if math.isfinite(value) else -math.inf
+
+
+# --- the weightings (configs/ensemble/*.yaml) -----------------------------------------------------------------
+
+
+@dataclass
+class MeanWeights:
+    """Every member weighs ``1/K`` in every class: ``make submit``'s plain mean."""
+
+    seed: int = 0
+
+    def fit(self, probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``(K, C)`` uniform weights (``probs`` ``(K, N, C)``, ``targets`` ``(N, C)`` are only used for shapes)."""
+        k, _, c = probs.shape
+        return np.full((k, c), 1.0 / k)
+
+
+@dataclass
+class PerModelWeights:
+    """One weight per member maximising validation macro AP; ``K - 1`` free numbers, so hard to overfit."""
+
+    seed: int = 0
+    n_random: int = 32
+
+    def fit(self, probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``(K, C)`` weights, every column the same vector."""
+        k, _, c = probs.shape
+        rng = np.random.default_rng(self.seed)
+        vector = simplex_ascent(lambda w: macro_ap(targets, combine(probs, np.repeat(w[:, None], c, axis=1))), k,
+                                rng, self.n_random)  # fmt: skip
+        return np.repeat(vector[:, None], c, axis=1)
+
+
+@dataclass
+class PerClassWeights:
+    """One weight vector per class, each maximising that class's validation AP, then shrunk toward ``prior``.
+
+    A class with ``n`` labelled validation positives keeps ``n / (n + prior_positives)`` of its own fit and takes
+    the rest from the prior weighting (``per_model`` or ``mean``): a class seen positive twice would otherwise get
+    weights that only sort those two images to the top. A class without a positive gets the prior alone.
+    """
+
+    seed: int = 0
+    n_random: int = 16
+    prior: str = "per_model"
+    prior_positives: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.prior not in ("per_model", "mean"):
+            raise EnsembleError(f"per_class prior must be per_model or mean, not {self.prior!r}")
+        if not math.isfinite(self.prior_positives) or self.prior_positives < 0:
+            raise EnsembleError(f"per_class prior_positives must be a number >= 0, not {self.prior_positives!r}")
+
+    def fit(self, probs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``(K, C)`` weights, column ``c`` fitted on class ``c`` and shrunk (see the class docstring)."""
+        k, _, c = probs.shape
+        prior_model = PerModelWeights(self.seed, self.n_random) if self.prior == "per_model" else MeanWeights()
+        prior = prior_model.fit(probs, targets)
+        weights = prior.copy()
+        rng = np.random.default_rng(self.seed)
+        for column in range(c):
+            positives = int((targets[:, column] == 1).sum())
+            if positives == 0:
+                continue
+            truth, scores = targets[:, column], probs[:, :, column]  # (N,), (K, N)
+            own = simplex_ascent(lambda w, t=truth, s=scores: class_ap(t, w @ s), k, rng, self.n_random,
+                                 start=prior[:, column])  # fmt: skip
+            keep = positives / (positives + self.prior_positives)
+            weights[:, column] = keep * own + (1.0 - keep) * prior[:, column]
+        return weights / weights.sum(axis=0, keepdims=True)
+
+
+# --- members' stored predictions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitPredictions:
+    """One member's stored predictions on one split: ids, ``(N, C)`` probabilities and ``(N, C)`` targets."""
+
+    run_id: str
+    ids: list[str]
+    probs: np.ndarray
+    targets: np.ndarray
+
+
+def read_split(path: str | Path, run_id: str, labels: Sequence[str], split: str) -> SplitPredictions:
+    """A run's ``predictions/<split>.csv``, checked: the label and ``true/`` columns, probabilities in [0, 1],
+    targets in {-1, 0, 1}, unique ids."""
+    where = f"run {run_id} predictions/{split}.csv"
+    try:
+        frame = read_predictions(path)
+    except PredictionsError as error:
+        raise EnsembleError(f"{where}: {error}") from None
+    needed = ["image_id", *labels, *(f"true/{name}" for name in labels)]
+    missing = [column for column in needed if column not in frame]
+    if missing:
+        raise EnsembleError(f"{where}: missing column(s) {missing[:5]} (the labels of the first member)")
+    ids = frame["image_id"].astype(str)
+    if ids.duplicated().any():
+        raise EnsembleError(f"{where}: duplicated image_id(s) {ids[ids.duplicated()].unique().tolist()[:5]}")
+    probs = frame[list(labels)].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
+    if not (np.isfinite(probs) & (probs >= 0) & (probs <= 1)).all():
+        raise EnsembleError(f"{where}: a probability is missing, not a number or outside [0, 1]")
+    targets = frame[[f"true/{name}" for name in labels]].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    if not np.isin(targets, (-1.0, 0.0, 1.0)).all():
+        raise EnsembleError(f"{where}: a true/ cell is not -1, 0 or 1")
+    return SplitPredictions(run_id, ids.tolist(), probs, targets)
+
+
+def align(members: Sequence[SplitPredictions], split: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(K, N, C)`` probabilities in the first member's row order and its ``(N, C)`` targets.
+
+    Weights fitted on rows that are not the same images would be fitted to nothing, so every member must hold
+    the same ids (any order) with the same targets; the first that does not is named.
+    """
+    first = members[0]
+    position = {image: row for row, image in enumerate(first.ids)}
+    stacked = [first.probs]
+    for member in members[1:]:
+        absent, extra = sorted(set(first.ids) - set(member.ids)), sorted(set(member.ids) - set(first.ids))
+        if absent or extra:
+            raise EnsembleError(
+                f"run {member.run_id} predictions/{split}.csv holds other images than run {first.run_id}: "
+                f"{len(absent)} missing (e.g. {absent[:3]}), {len(extra)} extra (e.g. {extra[:3]}); ensemble "
+                "members must be evaluated on the same split of the same data"
+            )
+        order = np.array([position[image] for image in member.ids])
+        probs, targets = np.empty_like(member.probs), np.empty_like(member.targets)
+        probs[order], targets[order] = member.probs, member.targets
+        if not np.array_equal(targets, first.targets):
+            row = int(np.argwhere(targets != first.targets)[0][0])
+            raise EnsembleError(f"run {member.run_id} predictions/{split}.csv: the true labels of {first.ids[row]!r} "
+                                f"differ from run {first.run_id}'s; the members were not trained on the same "
+                                "labels")  # fmt: skip
+        stacked.append(probs)
+    return np.stack(stacked), first.targets
+
+
+# --- weights.json ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredEnsemble:
+    """What ``make submit`` needs from an ensemble run: its members' run ids, labels and ``(K, C)`` weights."""
+
+    run_id: str
+    members: list[str]
+    labels: list[str]
+    weights: np.ndarray
+    weighting: str = ""
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "weighting": self.weighting, "members": self.members, "labels": self.labels,
+                "weights": self.weights.tolist()}  # fmt: skip
+
+
+def parse_weights(document: object, run_id: str) -> StoredEnsemble:
+    """Check a ``weights.json`` read back from run ``run_id`` before anything is predicted with it.
+
+    Members are bare run ids (the weights belong to those exact checkpoints, not to whatever an alias points at
+    today); labels are distinct strings; weights form a ``(K, C)`` matrix of finite nonnegative numbers whose
+    columns sum to one.
+    """
+    where = f"run {run_id} {WEIGHTS_ARTIFACT}"
+    if not isinstance(document, dict):
+        raise EnsembleError(f"{where}: expected a JSON object")
+    if document.get("format") != FORMAT:
+        raise EnsembleError(f"{where}: format {document.get('format')!r} is not {FORMAT}")
+    members, labels, weights = document.get("members"), document.get("labels"), document.get("weights")
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) and RUN_ID.match(m) for m in members):
+        raise EnsembleError(f"{where}: 'members' must be a non-empty list of run ids")
+    if len(set(members)) != len(members):
+        raise EnsembleError(f"{where}: a member is listed twice")
+    if not isinstance(labels, list) or not labels or not all(isinstance(name, str) for name in labels):
+        raise EnsembleError(f"{where}: 'labels' must be a non-empty list of class names")
+    if len(set(labels)) != len(labels):
+        raise EnsembleError(f"{where}: a label is listed twice")
+    shape_ok = isinstance(weights, list) and len(weights) == len(members) and all(
+        isinstance(row, list) and len(row) == len(labels) for row in weights
+    )  # fmt: skip
+    if not shape_ok:
+        raise EnsembleError(f"{where}: 'weights' must be a {len(members)} x {len(labels)} matrix (members x labels)")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for row in weights for v in row):
+        raise EnsembleError(f"{where}: 'weights' holds something that is not a number")
+    matrix = np.asarray(weights, dtype=np.float64)
+    if not np.isfinite(matrix).all() or (matrix < 0).any():
+        raise EnsembleError(f"{where}: weights must be finite and nonnegative")
+    sums = matrix.sum(axis=0)
+    if (np.abs(sums - 1.0) > SUM_TOLERANCE).any():
+        column = int(np.argmax(np.abs(sums - 1.0)))
+        raise EnsembleError(f"{where}: the weights of {labels[column]!r} sum to {sums[column]:.6g}, not 1")
+    return StoredEnsemble(run_id, list(members), list(labels), matrix, str(document.get("weighting", "")))
+
+
+def load_weights(client: MlflowClient, run_id: str, folder: str | Path) -> StoredEnsemble:
+    """The checked weights of ensemble run ``run_id`` (``make ensemble``'s output)."""
+    if not RUN_ID.match(run_id):
+        raise EnsembleError(f"{run_id!r} is not a run id")
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise EnsembleError(f"no run {run_id!r} in the tracking store {client.tracking_uri}") from None
+    if run.data.tags.get(KIND_TAG[0]) != KIND_TAG[1]:
+        raise EnsembleError(f"run {run_id} is not an ensemble run (no tag {KIND_TAG[0]}={KIND_TAG[1]}); "
+                            "make ensemble writes those")  # fmt: skip
+    try:
+        path = client.download_artifacts(run_id, WEIGHTS_ARTIFACT, str(folder))
+        document = json.loads(Path(path).read_text())
+    except (MlflowException, OSError) as error:
+        raise EnsembleError(f"run {run_id} has no readable {WEIGHTS_ARTIFACT}: {error}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise EnsembleError(f"run {run_id} {WEIGHTS_ARTIFACT} is not JSON: {error}") from None
+    return parse_weights(document, run_id)

@@ -1,0 +1,58 @@
+"""Each selectable head trains through the real CLI, and its finished run reloads into the network that was tested."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from mlflow import MlflowClient
+
+from tests.conftest import train_command
+from training.runs import load_finished
+
+# head -> (extra overrides, checkpoint keys only that head has)
+HEADS = {
+    "ml_decoder": (("model.head.dim=16", "model.head.heads=2"), {"head.queries", "head.weight"}),
+    "two_stage": (("aux_loss@model.aux_loss=linear",), {"head.gate.weight", "head.weight", "aux_head.weight"}),
+    "moe": (("two_phase=moe", "callbacks.two_phase.switch_epoch=1"), {"head.expert_weight", "head.phase"}),
+}
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_head_trains_and_its_run_reloads_to_the_tested_predictions(head, make_manifest, tmp_path, run_env):
+    manifest = make_manifest(n=48)
+    overrides, keys = HEADS[head]
+    done = subprocess.run(
+        train_command(tmp_path, "data=manifest", f"data.source.manifest={manifest}", "data.image_size=32",
+                      "data.batch_size=8", "model=resnet18", "model.backbone=resnet10t", f"head@model.head={head}", *overrides,
+                      "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "tta.enabled=false",
+                      "evaluation.perturbation.enabled=false", "evaluation.heldout.enabled=false",
+                      "evaluation.n_boot=20", "tracking.system_metrics.enabled=false"),
+        env=run_env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = MlflowClient(run_env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["model.head.name"] == head
+
+    finished = load_finished(run.info.run_id, client)
+    state = finished.network.state_dict()
+    assert keys <= state.keys()
+    if head == "moe":  # the kept checkpoint is chosen among phase-2 epochs: the one after the switch
+        assert int(state["head.phase"]) == 2 and finished.network.head.in_phase_two
+        assert run.data.metrics["best_epoch"] == 1
+
+    predictions = pd.read_csv(client.download_artifacts(run.info.run_id, "predictions/test.csv", str(tmp_path)))
+    paths = pd.read_csv(manifest).set_index("image_id").loc[predictions["image_id"], "path"]
+    images = torch.stack([finished.transform(image=finished.decode(manifest.parent / p))["image"] for p in paths])
+    network = finished.network
+    with torch.no_grad():
+        probs = torch.sigmoid(network(images)).numpy()
+        stored = predictions[finished.labels].to_numpy()
+        assert probs == pytest.approx(stored, abs=1e-4)  # the reloaded run is the network the test phase scored
+        if head == "moe":  # and that network is the mixture, not the phase-1 linear head inside it
+            linear = torch.sigmoid(F.linear(network.backbone(images), network.head.weight, network.head.bias))
+            assert abs(linear.numpy() - stored).max() > 1e-4

@@ -1,0 +1,100 @@
+"""Mixture-of-experts head, trained in two phases (see :class:`training.models.two_phase.TwoPhase`).
+
+Phase 1 is the plain linear head, trained with the backbone. Phase 2 freezes the backbone and replaces the single
+classifier by ``K`` linear experts mixed per image by a softmax gate on the pooled feature, so different regions
+of feature space (views, sites, patient groups) can get their own decision boundaries for the tail classes without
+disturbing the representation. The experts start as copies of the phase-1 head and the gate starts uniform, so the
+output at the switch is the phase-1 output up to the noise; the noise is what breaks the symmetry: with identical
+experts the gate's gradient is exactly zero and all experts would receive the same update forever.
+
+The phase is a buffer, so every checkpoint (best, last), a resumed fit, ``make evaluate`` and the served model see
+the head that was trained at that point. Experts and gate exist from the start so the optimiser built before the
+first step holds them; in phase 1 they are outside the graph (no gradient, so AdamW skips them), and in phase 2
+the phase-1 weights are.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MoEHead(nn.Module):
+    """Pooled ``(B, F)`` features to ``(B, C)`` logits: linear in phase 1, a gated mixture of experts in phase 2.
+
+    Args:
+        in_features: backbone feature size ``F``.
+        num_labels: output classes ``C``.
+        experts: number of experts ``K``.
+        noise: standard deviation of the perturbation added to each expert's copy of the phase-1 weights, relative
+            to those weights' standard deviation.
+        balance_weight: weight of the load-balancing term ``K * sum_k(mean gate_k)^2 - 1`` (the squared
+            coefficient of variation of the experts' batch importance; 0 when every expert gets the same share),
+            which keeps the gate from collapsing onto one expert.
+    """
+
+    def __init__(
+        self, in_features: int, num_labels: int, experts: int = 4, noise: float = 0.01, balance_weight: float = 0.01
+    ):
+        super().__init__()
+        self.noise, self.balance_weight = float(noise), float(balance_weight)
+        self.weight = nn.Parameter(torch.empty(num_labels, in_features))  # phase 1: the linear head
+        self.bias = nn.Parameter(torch.empty(num_labels))
+        self.expert_weight = nn.Parameter(torch.empty(experts, num_labels, in_features))
+        self.expert_bias = nn.Parameter(torch.empty(experts, num_labels))
+        self.router = nn.Linear(in_features, experts)
+        self.register_buffer("phase", torch.ones((), dtype=torch.long))
+        # A Python copy of the buffer, so forward branches without a device sync; kept in step on every load.
+        self.register_load_state_dict_post_hook(_sync_after_load)
+        self._phase = 1
+        self.reset_parameters()
+
+    @property
+    def in_phase_two(self) -> bool:
+        return self._phase == 2
+
+    def _sync_phase(self) -> None:
+        self._phase = int(self.phase)
+
+    def reset_parameters(self) -> None:
+        """A fresh linear head, experts copied from it and a uniform gate (cRT); the phase is kept."""
+        nn.init.normal_(self.weight, std=0.01)
+        nn.init.zeros_(self.bias)
+        self._init_experts()
+
+    @torch.no_grad()
+    def _init_experts(self) -> None:
+        scale = self.noise * float(self.weight.std())
+        self.expert_weight.copy_(self.weight + scale * torch.randn_like(self.expert_weight))
+        self.expert_bias.copy_(self.bias.expand_as(self.expert_bias))
+        nn.init.zeros_(self.router.weight)
+        nn.init.zeros_(self.router.bias)
+
+    def start_phase_two(self) -> None:
+        """Experts from the trained phase-1 head, then route through them from now on."""
+        self._init_experts()
+        self.phase.fill_(2)
+        self._sync_phase()
+
+    def _mixture(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gates = torch.softmax(self.router(features), dim=-1)  # (B, K)
+        logits = torch.einsum("bf,kcf->bkc", features, self.expert_weight) + self.expert_bias  # (B, K, C)
+        return torch.einsum("bk,bkc->bc", gates, logits), gates
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if not self.in_phase_two:
+            return F.linear(features, self.weight, self.bias)
+        return self._mixture(features)[0]
+
+    def training_loss(self, features, targets, mask, loss) -> torch.Tensor:
+        if not self.in_phase_two:
+            return loss(F.linear(features, self.weight, self.bias), targets, mask)
+        logits, gates = self._mixture(features)
+        importance = gates.mean(dim=0)
+        balance = len(importance) * importance.square().sum() - 1
+        return loss(logits, targets, mask) + self.balance_weight * balance
+
+
+def _sync_after_load(module: MoEHead, incompatible_keys) -> None:
+    module._sync_phase()
