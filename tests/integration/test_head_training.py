@@ -16,7 +16,7 @@ from training.runs import load_finished
 # head -> (extra overrides, checkpoint keys only that head has)
 HEADS = {
     "ml_decoder": (("model.head.dim=16", "model.head.heads=2"), {"head.queries", "head.weight"}),
-    "two_stage": (("aux_loss@model.aux_loss=linear",), {"head.gate.weight", "head.weight", "aux_head.weight"}),
+    "two_stage": (("aux_loss=linear",), {"head.gate.weight", "head.weight", "aux_head.weight"}),
     "moe": (("two_phase=moe", "callbacks.two_phase.switch_epoch=1"), {"head.expert_weight", "head.phase"}),
 }
 
@@ -27,7 +27,7 @@ def test_head_trains_and_its_run_reloads_to_the_tested_predictions(head, make_ma
     overrides, keys = HEADS[head]
     done = subprocess.run(
         train_command(tmp_path, "data=manifest", f"data.source.manifest={manifest}", "data.image_size=32",
-                      "data.batch_size=8", "model=resnet18", "model.backbone=resnet10t", f"head@model.head={head}", *overrides,
+                      "data.batch_size=8", "model=resnet18", "model.backbone=resnet10t", f"head={head}", *overrides,
                       "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "tta.enabled=false",
                       "evaluation.perturbation.enabled=false", "evaluation.heldout.enabled=false",
                       "evaluation.n_boot=20", "tracking.system_metrics.enabled=false"),

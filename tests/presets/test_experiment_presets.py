@@ -28,14 +28,17 @@ def preset_file(name: str) -> dict:
 
 
 def selections(name: str) -> dict[str, str]:
-    """``{config path: option}`` for each ``override /group[@package]: option`` line of a preset."""
-    chosen = {}
-    for entry in preset_file(name).get("defaults", []):
-        ((key, option),) = entry.items()
-        group = key.removeprefix("override /")
-        package = group.split("@", 1)[1] if "@" in group else group
-        chosen[package.removeprefix("_global_.")] = option
-    return chosen
+    """``{group: option}`` for each ``override /group: option`` line of a preset."""
+    return {key.removeprefix("override /"): option for entry in preset_file(name).get("defaults", [])
+            for key, option in entry.items()}  # fmt: skip
+
+
+def location(group: str, option: str) -> list[str]:
+    """Where an option's node lands in the composed config: its ``# @package`` line, or the group's name; a
+    ``_global_`` group (ema, two_phase) adds a callback under ``callbacks.<group>``."""
+    first = (PROJECT_ROOT / "configs" / group / f"{option}.yaml").read_text().splitlines()[0]
+    package = first.removeprefix("# @package ").strip() if first.startswith("# @package ") else group
+    return ["callbacks", group] if package == "_global_" else package.split(".")
 
 
 def image_files(tmp: Path, rows: pd.DataFrame) -> list[Path]:
@@ -70,11 +73,11 @@ def test_presets_exist():
 def test_cfg_job_prints_the_preset(name):
     """Each group the preset overrides resolves to the option it names, and the preset's own keys are there."""
     cfg = resolved(name)
-    for path, option in selections(name).items():
-        node = cfg if path in cfg or "." in path else cfg["callbacks"]  # a callback group sets callbacks.<group>
-        for part in path.split("."):
+    for group, option in selections(name).items():
+        node = cfg
+        for part in location(group, option):
             node = node[part]
-        assert node["name"] == option, (path, node)
+        assert node["name"] == option, (group, node)
     own = preset_file(name)
     assert cfg["tags"]["preset"] == name
     if "data" in own and "image_size" in own["data"]:

@@ -29,16 +29,27 @@ class TwoPhase(L.Callback):
 
     Args:
         switch_epoch: the first epoch (0-based) of phase 2; must be below ``trainer.max_epochs``.
+        switch_fraction: instead of ``switch_epoch``, the share of ``trainer.max_epochs`` spent in phase 1, so one
+            preset serves any run length (rounded, and kept below the last epoch: a one-epoch smoke run is all
+            phase 2).
         select_in_phase_two: choose the kept checkpoint among phase-2 epochs only (see the module docstring).
     """
 
-    def __init__(self, switch_epoch: int, select_in_phase_two: bool = True):
-        self.switch_epoch = int(switch_epoch)
+    def __init__(
+        self, switch_epoch: int | None = None, switch_fraction: float | None = None, select_in_phase_two: bool = True
+    ):
+        if (switch_epoch is None) == (switch_fraction is None):
+            raise UserError("two_phase: give exactly one of switch_epoch and switch_fraction")
+        self.switch_epoch = None if switch_epoch is None else int(switch_epoch)
+        self.switch_fraction = switch_fraction
         self.select_in_phase_two = select_in_phase_two
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not hasattr(pl_module.head, "start_phase_two"):
             raise UserError(f"two_phase needs a two-phase head (head=moe), not {type(pl_module.head).__name__}")
+        if self.switch_fraction is not None:
+            last = max(0, int(trainer.max_epochs) - 1)
+            self.switch_epoch = min(last, max(0, round(self.switch_fraction * trainer.max_epochs)))
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= self.switch_epoch:
             raise UserError(
                 f"callbacks.two_phase.switch_epoch={self.switch_epoch} is not below trainer.max_epochs="
