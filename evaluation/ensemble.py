@@ -7,7 +7,7 @@ the members' stored validation predictions, to maximise what the challenge ranks
 - :class:`MeanWeights`: the plain mean, kept as a weighting so that its numbers come out of the same code.
 - :class:`PerModelWeights`: one weight per member, shared by every class.
 - :class:`PerClassWeights`: one weight vector per class, fitted on that class's AP, then shrunk toward a
-  prior weighting by how few labelled validation positives the class has (docs/recipes-ensemble.md).
+  prior weighting by how few labelled validation positives the class has (docs/recipes.md, "Ensemble weights tuned on validation").
 
 AP is piecewise constant in the weights (it only changes when two images swap ranks), so gradients are useless;
 the search is a seeded, derivative-free ascent on the simplex (:func:`simplex_ascent`). Everything read back from

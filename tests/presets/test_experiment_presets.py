@@ -66,7 +66,9 @@ def resolved(name: str) -> dict:
 
 def test_presets_exist():
     """One preset per Table 2 row the platform expresses, plus the from-scratch small-real-set recipe."""
-    assert {f"cxrlt2026_team_{row}" for row in "abcdefgh"} | {"cxrlt2026_task2_clip"} <= set(PRESETS)
+    assert {f"cxrlt2026_team_{row}" for row in "abcdefgh"} | {"cxrlt2026_task2_clip", "small_real_scratch"} <= set(
+        PRESETS
+    )
 
 
 @pytest.mark.parametrize("name", PRESETS)

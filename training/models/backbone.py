@@ -32,7 +32,7 @@ def create_backbone(
         name: any ``timm.list_models()`` name.
         pretrained: fetch ImageNet weights from the hub. Off by default: tests and the built-in data run offline.
         in_chans: 1 for radiographs; timm folds a pretrained RGB stem into one channel by summing its filters.
-        weights: start from other weights than ImageNet's (docs/recipes-weights.md): a local file
+        weights: start from other weights than ImageNet's (docs/recipes.md, "Starting from other weights"): a local file
             (:func:`training.models.weights.load_weights`, which folds its stem the same way), ``hf-hub:<repo>``
             or ``timm:<model.tag>`` (downloads, like ``pretrained``).
         weights_format: how to read a local file (``auto`` detects).

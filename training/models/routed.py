@@ -4,7 +4,7 @@ PA, AP and lateral films differ in geometry (a supine AP film magnifies the hear
 anatomy), so one network per projection need not learn all three. The router is part of the module, and the module
 is still called as ``model(images)``: evaluation, TTA, the perturbation test, ``make submit``, the served model and
 a reloaded run all route through the learned router, with no view column needed at inference. See
-docs/recipes-router.md.
+docs/recipes.md, "View routing".
 
 Config (``configs/model/routed_*.yaml``, ``module: training.models.routed.ViewRoutedClassifier``):
 

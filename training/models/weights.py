@@ -1,4 +1,4 @@
-"""Initialise a backbone from a local weights file: ``model.weights=<path>`` (docs/recipes-weights.md).
+"""Initialise a backbone from a local weights file: ``model.weights=<path>`` (docs/recipes.md, "Starting from other weights").
 
 Published chest X-ray weights come in many wrappings: a bare state dict, a timm training checkpoint, a Lightning
 checkpoint (this project's own ``best.ckpt`` included, so one run can start from another), a DataParallel or

@@ -130,7 +130,12 @@ class ClipClassifier(MultiLabelClassifier):
         if self.finetune not in FINETUNE:
             raise ValueError(f"adapter.finetune must be one of {FINETUNE}, got {self.finetune!r}")
         name, pretrained = str(cfg["model"]), cfg.get("pretrained")
-        clip = open_clip.create_model(name, pretrained=pretrained, device="cpu")
+        # adapter.image_size: the image tower's input side, its position embeddings resized by open_clip (null: the
+        # model's own). The Task 2 preset ties it to data.image_size, so its 64 px smoke run costs 1/15 of 224 px.
+        forced = cfg.get("image_size")
+        clip = open_clip.create_model(
+            name, pretrained=pretrained, device="cpu", force_image_size=int(forced) if forced else None
+        )
         named_weights = bool(pretrained) or name.startswith("hf-hub:")
         encoder = ClipTextEncoder(
             clip, open_clip.get_tokenizer(name), f"open_clip:{name}:{pretrained}" if named_weights else None
