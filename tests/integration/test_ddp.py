@@ -236,7 +236,8 @@ def test_datamodule_shards_trainer_loaders_but_not_the_final_evaluation(make_man
         datamodule = CXRDataModule(ManifestSource(str(path)), task1_labels, image_size=24, batch_size=4,
                                    sampler=RandomSampling(), seed=5)  # fmt: skip
         datamodule.setup("fit")
-        datamodule.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        cpu = SimpleNamespace(root_device=torch.device("cpu"))  # the loaders ask where the batches go (pinning)
+        datamodule.trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=cpu)
         train, val = datamodule.train_dataloader(), datamodule.val_dataloader()
         assert isinstance(train.sampler, TrainShardSampler) and isinstance(val.sampler, EvalShardSampler)
         train.sampler.set_epoch(0)
