@@ -77,6 +77,27 @@ def train_command(tmp_path: Path, *overrides: str) -> list[str]:
     ]  # fmt: skip
 
 
+def register_smoke_champion(tmp_path: Path, env: dict, description: str = ""):
+    """Train a task1 smoke run (no TTA, perturbation or plots) into ``env``'s store and register it as
+    ``cxrlt-task1@champion``; returns ``(client, run)``. What the benchmark and card CLI tests start from."""
+    from mlflow import MlflowClient
+
+    trained = subprocess.run(
+        train_command(tmp_path, "debug=smoke", f"data.source.root={tmp_path}/synthetic", "tta.enabled=false",
+                      "evaluation.perturbation.enabled=false", "evaluation.plots=false",
+                      "trainer.enable_progress_bar=false"),
+        env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
+    client.create_registered_model("cxrlt-task1")
+    version = client.create_model_version("cxrlt-task1", f"runs:/{run.info.run_id}/model", run.info.run_id,
+                                          description=description)  # fmt: skip
+    client.set_registered_model_alias("cxrlt-task1", "champion", version.version)
+    return client, run
+
+
 def shared_data(name: str) -> Path:
     """A folder of ../shared/data, skipping the test when it is absent (the suite passes on any machine)."""
     path = SHARED_DATA / name

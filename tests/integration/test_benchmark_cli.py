@@ -17,7 +17,7 @@ from evaluation.benchmarks.models import load_encoder
 from evaluation.benchmarks.platform_models import ModelNotFound, PlatformRunEncoder
 from evaluation.benchmarks.runner import draw_subsets
 from tests.benchmark_data import write_kermany, write_tiny_clip
-from tests.conftest import PROJECT_ROOT, train_command
+from tests.conftest import PROJECT_ROOT, register_smoke_champion
 
 METRIC_KEYS = ("auroc", "accuracy", "sensitivity", "specificity", "ap")
 PROTOCOL = load_protocol("pneumonia")
@@ -90,18 +90,7 @@ def test_clip_model_both_versions_logged_with_table_scores_and_fingerprints(tmp_
 
 
 def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(tmp_path, run_env):
-    trained = subprocess.run(
-        train_command(tmp_path, "debug=smoke", f"data.source.root={tmp_path}/synthetic", "tta.enabled=false",
-                      "evaluation.perturbation.enabled=false", "evaluation.plots=false",
-                      "trainer.enable_progress_bar=false"),
-        env=run_env, capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    client = MlflowClient(run_env["MLFLOW_TRACKING_URI"])
-    (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
-    client.create_registered_model("cxrlt-task1")
-    version = client.create_model_version("cxrlt-task1", f"runs:/{run.info.run_id}/model", run.info.run_id)
-    client.set_registered_model_alias("cxrlt-task1", "champion", version.version)
+    client, run = register_smoke_champion(tmp_path, run_env)
 
     target = PROTOCOL.target
     encoder = load_encoder("models:/cxrlt-task1@champion", (target,), run_env["MLFLOW_TRACKING_URI"])

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from mlflow import MlflowClient
 
 from evaluation.benchmarks.card_cli import CARD_END, CARD_START
 from tests.benchmark_data import write_kermany
-from tests.conftest import PROJECT_ROOT, train_command
+from tests.conftest import PROJECT_ROOT, register_smoke_champion
 from tests.reveal_data import write_reader_folder
 from tests.temporal_data import write_followup_folder
 
@@ -27,19 +26,7 @@ def registered(tmp_path_factory):
     """A smoke run of task1 (no Pneumonia output) registered as cxrlt-task1@champion, in a store of its own."""
     tmp = tmp_path_factory.mktemp("card")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
-    trained = subprocess.run(
-        train_command(tmp, "debug=smoke", f"data.source.root={tmp}/synthetic", "tta.enabled=false",
-                      "evaluation.perturbation.enabled=false", "evaluation.plots=false",
-                      "trainer.enable_progress_bar=false"),
-        env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
-    client.create_registered_model("cxrlt-task1")
-    version = client.create_model_version("cxrlt-task1", f"runs:/{run.info.run_id}/model", run.info.run_id,
-                                          description="Smoke run for the card test.")  # fmt: skip
-    client.set_registered_model_alias("cxrlt-task1", "champion", version.version)
+    client, run = register_smoke_champion(tmp, env, description="Smoke run for the card test.")
     return tmp, env, client, run
 
 

@@ -255,7 +255,9 @@ def test_benchmarks_feed_a_query_head_its_map_and_the_probe_a_pooled_embedding()
         torch.testing.assert_close(_Logits(model)(images), model(images))
 
 
-@pytest.mark.parametrize(("fraction", "max_epochs", "expected"), [(0.7, 20, 14), (0.7, 8, 6), (0.7, 1, 0), (0.99, 4, 3)])
+@pytest.mark.parametrize(
+    ("fraction", "max_epochs", "expected"), [(0.7, 20, 14), (0.7, 8, 6), (0.7, 1, 0), (0.99, 4, 3)]
+)
 def test_two_phase_switch_fraction_scales_with_the_run(fraction, max_epochs, expected):
     """One preset serves a 20-epoch run and a one-epoch smoke run: the switch epoch follows trainer.max_epochs."""
     from types import SimpleNamespace
