@@ -68,9 +68,14 @@ def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint, ModelCheckpo
     ``last.ckpt`` is written every epoch by a second, unmonitored callback: since Lightning 2.6 a monitored
     callback's ``save_last`` rewrites it only in epochs whose metric improved, so a killed run would redo every
     epoch since its last improvement. Listed after the best one, it holds that one's state too.
+
+    ``checkpoint.keep_last`` makes ``best.ckpt`` the final epoch instead: on a validation split of a few dozen images
+    the monitored maximum is mostly noise, and a weight average (EMA) at the end of a long schedule is the steadier
+    network to keep (docs/recipes.md, "Training from scratch on small real sets").
     """
+    monitor = None if cfg.checkpoint.get("keep_last", False) else cfg.checkpoint.monitor
     best = ModelCheckpoint(
-        filename="best", monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode, save_top_k=1,
+        filename="best", monitor=monitor, mode=cfg.checkpoint.mode, save_top_k=1,
         enable_version_counter=False, save_on_train_epoch_end=True,
     )  # fmt: skip
     latest = ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True)
@@ -201,12 +206,12 @@ def _test(
     best = Path(checkpoint.best_model_path)
     state = AtomicCheckpointIO().load_checkpoint(best, map_location="cpu")
     model.load_state_dict(state["state_dict"])
-    # The monitored value of the kept checkpoint, beside the per-epoch series: what `make register` ranks by.
-    best_score = (
-        {f"{cfg.checkpoint.monitor}_best": float(checkpoint.best_model_score)}
-        if checkpoint.best_model_score is not None
-        else {}
-    )
+    # The monitored value of the kept checkpoint, beside the per-epoch series: what `make register` ranks by. A
+    # kept-last checkpoint has no best score; its value is the final validation's.
+    score = checkpoint.best_model_score
+    if score is None and checkpoint.monitor is None:
+        score = model.trainer.callback_metrics.get(cfg.checkpoint.monitor)
+    best_score = {f"{cfg.checkpoint.monitor}_best": float(score)} if score is not None else {}
     session.log_metrics({"best_epoch": state["epoch"], **best_score})
     evaluation, unseen = run_test_phase(model, datamodule, cfg, session)  # zero-shot tasks: test_unseen/... too
     if "logit_temperature" in state["state_dict"]:  # fitted by the test phase: the stored weights must carry it

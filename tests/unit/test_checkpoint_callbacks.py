@@ -1,9 +1,11 @@
 """`last.ckpt` follows every epoch even when the monitored metric stops improving (the resume point), while
-`best.ckpt` keeps the best epoch: the two callbacks of training.pipeline.checkpoint_callbacks."""
+`best.ckpt` keeps the best epoch (or, with `checkpoint.keep_last`, the final one): the two callbacks of
+training.pipeline.checkpoint_callbacks."""
 
 from __future__ import annotations
 
 import lightning.pytorch as L
+import pytest
 import torch
 from omegaconf import OmegaConf
 from torch import nn
@@ -46,3 +48,15 @@ def test_last_checkpoint_is_the_last_epoch_even_without_improvement(tmp_path):
     # the resume point carries the best callback's state, so a resumed run keeps testing the right checkpoint
     (state,) = [v for k, v in last["callbacks"].items() if "val/mAP" in k]
     assert state["best_model_score"].item() == 1.0
+
+
+def test_keep_last_makes_the_kept_checkpoint_the_final_epoch(tmp_path):
+    cfg = OmegaConf.create({"checkpoint": {"monitor": "val/mAP", "mode": "max", "keep_last": True}})
+    best, latest = checkpoint_callbacks(cfg)
+    best.dirpath = latest.dirpath = str(tmp_path)
+    trainer = L.Trainer(max_epochs=3, callbacks=[best, latest], logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, plugins=[AtomicCheckpointIO()])  # fmt: skip
+    trainer.fit(Worsening())
+    kept = torch.load(tmp_path / "best.ckpt", weights_only=True)
+    assert kept["epoch"] == 2  # the final epoch although epoch 0 scored best
+    assert best.best_model_score is None and trainer.callback_metrics["val/mAP"].item() == pytest.approx(0.8)
