@@ -73,9 +73,13 @@ def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint, ModelCheckpo
     the monitored maximum is mostly noise, and a weight average (EMA) at the end of a long schedule is the steadier
     network to keep (docs/recipes.md, "Training from scratch on small real sets").
     """
-    monitor = None if cfg.checkpoint.get("keep_last", False) else cfg.checkpoint.monitor
+    keep_last = cfg.checkpoint.get("keep_last", False)
+    # Lightning keys a checkpoint callback's saved state by its monitor and mode, not its file name; two unmonitored
+    # callbacks with one mode would collide, so the kept-last one says "max" (unused without a monitor) and
+    # ``latest`` keeps the default "min".
     best = ModelCheckpoint(
-        filename="best", monitor=monitor, mode=cfg.checkpoint.mode, save_top_k=1,
+        filename="best", monitor=None if keep_last else cfg.checkpoint.monitor,
+        mode="max" if keep_last else cfg.checkpoint.mode, save_top_k=1,
         enable_version_counter=False, save_on_train_epoch_end=True,
     )  # fmt: skip
     latest = ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True)

@@ -50,8 +50,9 @@ def test_last_checkpoint_is_the_last_epoch_even_without_improvement(tmp_path):
     assert state["best_model_score"].item() == 1.0
 
 
-def test_keep_last_makes_the_kept_checkpoint_the_final_epoch(tmp_path):
-    cfg = OmegaConf.create({"checkpoint": {"monitor": "val/mAP", "mode": "max", "keep_last": True}})
+@pytest.mark.parametrize("mode", ["max", "min"])  # "min" is the unmonitored last.ckpt callback's own mode
+def test_keep_last_makes_the_kept_checkpoint_the_final_epoch(tmp_path, mode):
+    cfg = OmegaConf.create({"checkpoint": {"monitor": "val/mAP", "mode": mode, "keep_last": True}})
     best, latest = checkpoint_callbacks(cfg)
     best.dirpath = latest.dirpath = str(tmp_path)
     trainer = L.Trainer(max_epochs=3, callbacks=[best, latest], logger=False, enable_progress_bar=False,
@@ -60,3 +61,7 @@ def test_keep_last_makes_the_kept_checkpoint_the_final_epoch(tmp_path):
     kept = torch.load(tmp_path / "best.ckpt", weights_only=True)
     assert kept["epoch"] == 2  # the final epoch although epoch 0 scored best
     assert best.best_model_score is None and trainer.callback_metrics["val/mAP"].item() == pytest.approx(0.8)
+    # both callbacks' states are in the resume point, under distinct keys
+    assert (
+        len([k for k in torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"] if "Checkpoint" in k]) == 2
+    )
