@@ -85,14 +85,16 @@ def test_killed_run_resumes_into_the_same_run(tmp_path, run_env):
 
 
 @pytest.mark.slow
-def test_resumed_run_reproduces_the_uninterrupted_run_exactly(tmp_path):
+@pytest.mark.parametrize("extra", [(), ("ema=ema", "checkpoint.keep_last=true")], ids=["default", "ema_keep_last"])
+def test_resumed_run_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
     """Killed after epoch 1 and resumed at epoch 2, a run must log what a run that was never stopped logs.
 
     Epoch 2 is the first epoch of the resumed fit, where every stateful random stream (the shuffle, the sampler's
     draw, the augmentation pipeline's own generator) would restart from its beginning unless it is a function of
-    the epoch or restored from the checkpoint; epoch 3 checks that the streams stay aligned after that.
+    the epoch or restored from the checkpoint; epoch 3 checks that the streams stay aligned after that. With the
+    small-real preset's EMA and kept final epoch, the average and the kept checkpoint must resume too.
     """
-    overrides = _overrides(tmp_path / "synthetic")  # one generated data set for both runs
+    overrides = (*_overrides(tmp_path / "synthetic"), *extra)  # one generated data set for both runs
     stores = {}
     for name in ("straight", "resumed"):
         out = tmp_path / name
