@@ -77,6 +77,29 @@ def train_command(tmp_path: Path, *overrides: str) -> list[str]:
     ]  # fmt: skip
 
 
+#: A task1 run on a ``make_manifest`` manifest at the smallest size that still trains a backbone end to end: what the
+#: tests of a model option (a head, a checkpoint rule) add their overrides to.
+TINY_MANIFEST_RUN = (
+    "data=manifest", "data.image_size=32", "data.batch_size=8", "model=resnet18", "model.backbone=resnet10t",
+    "trainer.enable_progress_bar=false", "tta.enabled=false", "evaluation.perturbation.enabled=false",
+    "evaluation.heldout.enabled=false", "evaluation.n_boot=20", "tracking.system_metrics.enabled=false",
+)  # fmt: skip
+
+
+def train_tiny_manifest_run(tmp_path: Path, manifest: Path, env: dict, *overrides: str):
+    """Train ``TINY_MANIFEST_RUN`` plus ``overrides`` on ``manifest`` into ``env``'s store; returns ``(client, run)``."""
+    from mlflow import MlflowClient
+
+    done = subprocess.run(
+        train_command(tmp_path, *TINY_MANIFEST_RUN, f"data.source.manifest={manifest}", *overrides),
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
+    return client, run
+
+
 def register_smoke_champion(tmp_path: Path, env: dict, description: str = ""):
     """Train a task1 smoke run (no TTA, perturbation or plots) into ``env``'s store and register it as
     ``cxrlt-task1@champion``; returns ``(client, run)``. What the benchmark and card CLI tests start from."""

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from mlflow import MlflowClient
 
-from tests.conftest import train_command
+from tests.conftest import train_tiny_manifest_run
 from training.runs import load_finished
 
 # head -> (extra overrides, checkpoint keys only that head has)
@@ -25,17 +22,8 @@ HEADS = {
 def test_head_trains_and_its_run_reloads_to_the_tested_predictions(head, make_manifest, tmp_path, run_env):
     manifest = make_manifest(n=48)
     overrides, keys = HEADS[head]
-    done = subprocess.run(
-        train_command(tmp_path, "data=manifest", f"data.source.manifest={manifest}", "data.image_size=32",
-                      "data.batch_size=8", "model=resnet18", "model.backbone=resnet10t", f"head={head}", *overrides,
-                      "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "tta.enabled=false",
-                      "evaluation.perturbation.enabled=false", "evaluation.heldout.enabled=false",
-                      "evaluation.n_boot=20", "tracking.system_metrics.enabled=false"),
-        env=run_env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    client = MlflowClient(run_env["MLFLOW_TRACKING_URI"])
-    (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
+    client, run = train_tiny_manifest_run(tmp_path, manifest, run_env, f"head={head}", *overrides,
+                                          "trainer.max_epochs=2")  # fmt: skip
     assert run.info.status == "FINISHED" and run.data.params["model.head.name"] == head
 
     finished = load_finished(run.info.run_id, client)

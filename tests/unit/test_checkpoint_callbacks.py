@@ -34,13 +34,18 @@ class Worsening(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
 
 
-def test_last_checkpoint_is_the_last_epoch_even_without_improvement(tmp_path):
-    cfg = OmegaConf.create({"checkpoint": {"monitor": "val/mAP", "mode": "max"}})
-    best, latest = checkpoint_callbacks(cfg)
+def _fit_worsening(tmp_path, checkpoint: dict):
+    """Three epochs of ``Worsening`` with the pipeline's two callbacks for ``checkpoint``; returns (best, trainer)."""
+    best, latest = checkpoint_callbacks(OmegaConf.create({"checkpoint": checkpoint}))
     best.dirpath = latest.dirpath = str(tmp_path)
     trainer = L.Trainer(max_epochs=3, callbacks=[best, latest], logger=False, enable_progress_bar=False,
                         enable_model_summary=False, plugins=[AtomicCheckpointIO()])  # fmt: skip
     trainer.fit(Worsening())
+    return best, trainer
+
+
+def test_last_checkpoint_is_the_last_epoch_even_without_improvement(tmp_path):
+    _fit_worsening(tmp_path, {"monitor": "val/mAP", "mode": "max"})
     last = torch.load(tmp_path / "last.ckpt", weights_only=True)
     kept = torch.load(tmp_path / "best.ckpt", weights_only=True)
     assert (last["epoch"], last["global_step"]) == (2, 6)  # epochs 0..2 of 2 steps each: the end of the fit
@@ -52,16 +57,10 @@ def test_last_checkpoint_is_the_last_epoch_even_without_improvement(tmp_path):
 
 @pytest.mark.parametrize("mode", ["max", "min"])  # "min" is the unmonitored last.ckpt callback's own mode
 def test_keep_last_makes_the_kept_checkpoint_the_final_epoch(tmp_path, mode):
-    cfg = OmegaConf.create({"checkpoint": {"monitor": "val/mAP", "mode": mode, "keep_last": True}})
-    best, latest = checkpoint_callbacks(cfg)
-    best.dirpath = latest.dirpath = str(tmp_path)
-    trainer = L.Trainer(max_epochs=3, callbacks=[best, latest], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, plugins=[AtomicCheckpointIO()])  # fmt: skip
-    trainer.fit(Worsening())
+    best, trainer = _fit_worsening(tmp_path, {"monitor": "val/mAP", "mode": mode, "keep_last": True})
     kept = torch.load(tmp_path / "best.ckpt", weights_only=True)
     assert kept["epoch"] == 2  # the final epoch although epoch 0 scored best
     assert best.best_model_score is None and trainer.callback_metrics["val/mAP"].item() == pytest.approx(0.8)
     # both callbacks' states are in the resume point, under distinct keys
-    assert (
-        len([k for k in torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"] if "Checkpoint" in k]) == 2
-    )
+    states = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]
+    assert len([key for key in states if "Checkpoint" in key]) == 2
