@@ -232,3 +232,20 @@ def _tune_config(tmp_path, storage: str, trials: int):
                  f"tracking.checkpoint_root={tmp_path}/checkpoints"]  # fmt: skip
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("tune", overrides=overrides)
+
+
+def test_a_worker_deleting_a_tag_the_other_already_deleted_goes_on(workers):
+    """Both workers see the new best and drop the old best's extra tags; the slower one finds them gone."""
+    first, second, client, parent = workers
+    ldam = start(first, LDAM)
+    first.tell(ldam, 0.3)
+    log_best(first, client, parent, METRIC)
+    bce = start(second, BCE)
+    second.tell(bce, 0.5)  # the new best has no loss.max_m or loss.s: their tags must go
+
+    class DeleteRaced(RacedClient):  # the second worker acts just before the first one's first deletion
+        def __getattr__(self, name):
+            return super().__getattr__(name) if name == "delete_tag" else getattr(self._client, name)
+
+    log_best(first, DeleteRaced(client, lambda: log_best(second, client, parent, METRIC)), parent, METRIC)
+    assert best_tags(client, parent) == expected_tags(second.trials[1])

@@ -30,6 +30,8 @@ from pathlib import Path
 import optuna
 from mlflow import MlflowClient
 from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -170,7 +172,7 @@ def _sync_best_tags(study: optuna.Study, state: StudyState, client: MlflowClient
         if held == want:
             break
         for key in held.keys() - want.keys():
-            client.delete_tag(run_id, key)
+            _delete_tag(client, run_id, key)
         changed = [RunTag(k, v) for k, v in want.items() if held.get(k) != v]
         if changed:
             client.log_batch(run_id, tags=changed)
@@ -179,6 +181,15 @@ def _sync_best_tags(study: optuna.Study, state: StudyState, client: MlflowClient
         log.warning("best.* tags of run %s still changing after %d rounds; the next report sets them", run_id,
                     TAG_ROUNDS)  # fmt: skip
     return state
+
+
+def _delete_tag(client: MlflowClient, run_id: str, key: str) -> None:
+    """Delete ``key``; already gone is fine: another worker syncing the same parent run got there first."""
+    try:
+        client.delete_tag(run_id, key)
+    except MlflowException as error:
+        if error.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            raise
 
 
 def write_report(study: optuna.Study, client: MlflowClient, run_id: str, metric: str) -> list[str]:
