@@ -42,14 +42,14 @@ compare: setup ## Grid over losses x seeds, then a mean±std table: make compare
 	$(eval GRID := $(TASK)-$(shell date +%Y%m%d-%H%M%S))
 	$(PY) -m training.train -m task=$(TASK) loss=$(subst $(space),$(comma),$(strip $(LOSSES))) \
 		seed=$(shell seq -s, 0 $$(($(SEEDS)-1))) +tags.grid=$(GRID) trainer.enable_progress_bar=false $(ARGS)
-	$(PY) -m evaluation.compare --experiment $(TASK) --grid $(GRID) --by loss.name
+	$(PY) -m apps.compare --experiment $(TASK) --grid $(GRID) --by loss.name
 
 evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<run id> [ARGS="tta=multicrop"]
 	@test -n "$(RUN)" || { echo "usage: make evaluate RUN=<run id> [ARGS=...]"; exit 2; }
-	$(PY) -m evaluation.cli run=$(RUN) $(ARGS)
+	$(PY) -m apps.evaluate run=$(RUN) $(ARGS)
 
 score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=manifest.csv [SPLIT=test]; concept tasks: PREDICTIONS=<run file> MANIFEST=<ID,CUIs table> [MANUAL=<manual table>] [NAMES=cui_mapping.csv]
-	$(PY) -m evaluation.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK) \
+	$(PY) -m apps.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK) \
 		$(if $(MANUAL),--manual '$(MANUAL)') $(if $(NAMES),--names '$(NAMES)') $(if $(SECONDARY),--secondary $(SECONDARY))
 
 TRIALS ?= 20
@@ -65,34 +65,34 @@ optuna-dashboard: setup ## Optuna's dashboard on the study storage, http://127.0
 	$(VENV)/bin/optuna-dashboard '$(or $(STORAGE),sqlite:///mlruns/optuna.db)' --host 127.0.0.1 --port $(DASHBOARD_PORT)
 
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
-	$(PY) -m evaluation.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN)) $(ARGS)
+	$(PY) -m apps.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN)) $(ARGS)
 
 serve: setup ## Serve the champion over REST on 127.0.0.1:5000: make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
 	MLFLOW_TRACKING_URI="$$($(TRACKING_URI))" PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
 		--env-manager local -h 127.0.0.1 -p $(PORT)
 
 submit: setup ## Validated submission (CSV; ImageCLEF run file for concept tasks): make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv] [THRESHOLDS=global|per_class]
-	$(PY) -m evaluation.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
+	$(PY) -m apps.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
 		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)') \
 		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS))
 
 ensemble: setup ## Weights fitted on validation for several finished runs, logged as a run: make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]; then make submit MODEL=ensemble:<run id>
 	@test -n "$(strip $(MODELS))" || { echo 'usage: make ensemble TASK=task1 MODELS="<run id|models:/...> <...>" [WEIGHTS=per_model|per_class|mean]'; exit 2; }
-	$(PY) -m evaluation.ensemble_cli --task $(TASK) $(foreach m,$(MODELS),--model '$(m)') $(if $(WEIGHTS),--weighting '$(WEIGHTS)') $(ARGS)
+	$(PY) -m apps.ensemble_cli --task $(TASK) $(foreach m,$(MODELS),--model '$(m)') $(if $(WEIGHTS),--weighting '$(WEIGHTS)') $(ARGS)
 
 NAME ?=
 VERSION ?=
 benchmark: setup ## Benchmark a model (no NAME: list the protocols): make benchmark NAME=<name> MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=<version>]
-	@if [ -z "$(NAME)" ]; then $(PY) -m evaluation.benchmarks.cli $(ARGS); \
-	else $(PY) -m evaluation.benchmarks.cli --name '$(NAME)' $(if $(MODEL),--model '$(MODEL)') \
+	@if [ -z "$(NAME)" ]; then $(PY) -m apps.benchmarks.cli $(ARGS); \
+	else $(PY) -m apps.benchmarks.cli --name '$(NAME)' $(if $(MODEL),--model '$(MODEL)') \
 		$(if $(DATA_ROOT),--data-root '$(DATA_ROOT)') $(if $(VERSION),--version '$(VERSION)') $(ARGS); fi
 
 CARD ?=
 card: setup ## Model card across every configured benchmark, logged to the model's run: make card MODEL=<run id|models:/name/version|models:/name@alias> [CARD=configs/card.yaml]
-	$(PY) -m evaluation.benchmarks.card_cli $(if $(MODEL),--model '$(MODEL)') $(if $(CARD),--card '$(CARD)') $(ARGS)
+	$(PY) -m apps.benchmarks.card_cli $(if $(MODEL),--model '$(MODEL)') $(if $(CARD),--card '$(CARD)') $(ARGS)
 
 dicom-balance: setup ## Acquisition balance of a reader study's subsets (Pearson's chi-square on DICOM tags): make dicom-balance DATA_ROOT=<dir> [NAME=reveal] [BY=subset]
-	$(PY) -m evaluation.benchmarks.balance_cli --name '$(or $(NAME),reveal)' --data-root '$(DATA_ROOT)' --by '$(or $(BY),subset)' $(ARGS)
+	$(PY) -m apps.benchmarks.reveal.balance_cli --name '$(or $(NAME),reveal)' --data-root '$(DATA_ROOT)' --by '$(or $(BY),subset)' $(ARGS)
 
 ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
 	$(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)

@@ -11,7 +11,7 @@ Two registries, because the two families are computed on different data:
   resamples at once. A per-class entry maps a ``ClassChunk`` to one value per resample and is reported as a macro
   mean over classes (``mAP`` from per-class ``ap``). A pooled entry (``ECE_pooled``) is a map-reduce over classes:
   each class contributes statistics that are summed, then reduced to one value per resample.
-* ``BINARY``: the binary benchmark metrics (``evaluation.benchmarks.metrics``), computed on one set of labels,
+* ``BINARY``: the binary benchmark metrics (``apps.benchmarks.framework.metrics``), computed on one set of labels,
   ranking scores and the model's own decisions.
 
 Both are ordered: that order is the order of the logged keys and of the tables.

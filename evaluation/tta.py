@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.data.transforms import GRAY_MEAN, GRAY_STD
+from evaluation.normalisation import GRAY_MEAN, GRAY_STD
 
 BLACK = (0.0 - GRAY_MEAN) / GRAY_STD  # a black pixel after normalisation
 

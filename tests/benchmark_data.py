@@ -12,8 +12,8 @@ import cv2
 import numpy as np
 import pandas as pd
 
-from evaluation.benchmarks.encoders import Encoder, Target
-from evaluation.benchmarks.protocol import (
+from apps.benchmarks.framework.encoders import Encoder, Target
+from apps.benchmarks.framework.protocol import (
     Box,
     Draw,
     Extras,

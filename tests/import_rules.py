@@ -1,10 +1,12 @@
 """The import rules of docs/architecture.md, checked on the source text (nothing is imported to check them).
 
-Layers: ``evaluation``'s core (metrics, their registry, bootstrap, groups, calibration, the suite, the test phase
-and its reports) is a library of numbers and must not depend on how models are trained; ``training`` may use
-that core but never the evaluation *applications* (the command-line entry points, serving, submission,
-registry, benchmarks), which sit on top of both. And no two modules may import each other, directly or round a
-longer loop: a cycle makes import order matter and hides which module owns what.
+The top-level packages are layers, bottom up: ``evaluation`` (judging predictions: metrics and their registry,
+bootstrap, groups, calibration, thresholds, perturbation and TTA transforms, the test phase and its reports),
+``training`` (data, models, fitting, tracking, tuning) and ``apps`` (everything a ``make`` target runs after or
+around training). A module imports only from its own layer and the ones below it, so the folder a file sits in
+says what it may use; there is no list of exceptions. Inside ``apps.benchmarks`` the framework imports no protocol
+and no protocol imports another. And no two modules may import each other, directly or round a longer loop: a
+cycle makes import order matter and hides which module owns what.
 """
 
 from __future__ import annotations
@@ -13,23 +15,11 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-PACKAGES = ("training", "evaluation")
-#: Evaluation modules that are applications: entry points and what only they use. Everything else in
-#: ``evaluation`` except :data:`TEST_TIME_BRIDGES` is core.
-EVALUATION_APPLICATIONS = (
-    "evaluation.cli",
-    "evaluation.compare",
-    "evaluation.pyfunc_model",
-    "evaluation.registry",
-    "evaluation.score",
-    "evaluation.serving",
-    "evaluation.submission",
-    "evaluation.submit",
-    "evaluation.ensemble_cli",
-    "evaluation.benchmarks",
-)
-#: Core-side modules allowed to read one training contract: TTA normalises images exactly as training does.
-TEST_TIME_BRIDGES = ("evaluation.tta",)
+#: The layers, bottom up: a module may import its own layer and those before it in this tuple.
+LAYERS = ("evaluation", "training", "apps")
+PACKAGES = LAYERS
+BENCHMARKS = "apps.benchmarks"
+FRAMEWORK = "apps.benchmarks.framework"
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -73,16 +63,52 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     return {name: imports_of(path, name, known) for name, path in sorted(files.items())}
 
 
+def layer_of(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-    """Every import that crosses a layer the wrong way, as ``importer -> imported: rule``."""
+    """Every import that points up the layers, as ``importer -> imported: rule``."""
+    order = " < ".join(f"{name}/" for name in LAYERS)
     out = []
     for module, imported in graph.items():
         for target in sorted(imported):
-            core = within(module, ["evaluation"]) and not within(module, EVALUATION_APPLICATIONS + TEST_TIME_BRIDGES)
-            if core and within(target, ["training"]):
-                out.append(f"{module} -> {target}: evaluation's core imports nothing from training/")
-            if within(module, ["training"]) and within(target, EVALUATION_APPLICATIONS):
-                out.append(f"{module} -> {target}: training/ never imports an evaluation application")
+            if layer_of(target) > layer_of(module):
+                below, above = module.split(".")[0], target.split(".")[0]
+                out.append(f"{module} -> {target}: {below}/ imports nothing from {above}/ (layers, bottom up: {order})")
+    return out
+
+
+def protocol_of(module: str) -> str | None:
+    """The benchmark protocol a module belongs to (its module or folder under ``apps/benchmarks/``), if any.
+
+    A protocol is named after its ``configs/benchmark/<name>.yaml`` stem; the entry points beside the protocols
+    (``cli``, ``card``, ``card_cli``) and the framework are not protocols.
+    """
+    if not within(module, [BENCHMARKS]) or within(module, [FRAMEWORK]):
+        return None
+    child = module[len(BENCHMARKS) + 1 :].split(".")[0]
+    return child if child and child not in BENCHMARK_ENTRY_POINTS else None
+
+
+#: Modules of ``apps.benchmarks`` that run protocols found through their YAML files, never by import.
+BENCHMARK_ENTRY_POINTS = ("cli", "card", "card_cli")
+
+
+def benchmark_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that tie the benchmark framework to a protocol, or one protocol to another."""
+    out = []
+    for module, imported in graph.items():
+        for target in sorted(imported):
+            theirs, ours = protocol_of(target), protocol_of(module)
+            if theirs is None:
+                continue
+            if within(module, [FRAMEWORK]):
+                out.append(f"{module} -> {target}: the benchmark framework imports no protocol")
+            elif ours is not None and ours != theirs:
+                out.append(f"{module} -> {target}: a benchmark protocol imports no other protocol")
+            elif ours is None and within(module, [BENCHMARKS]):
+                out.append(f"{module} -> {target}: benchmark entry points find protocols by their YAML, not by import")
     return out
 
 

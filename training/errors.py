@@ -25,7 +25,8 @@ from pathlib import Path
 from hydra.errors import CompactHydraException, InstantiationException
 from omegaconf.errors import MissingMandatoryValue
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from training.config_files import CONFIGS
+
 FULL_ERROR = "HYDRA_FULL_ERROR"
 #: Numeric settings whose library also takes other types (Lightning's ``devices``: ``1``, ``auto``, ``[0, 1]``).
 ANY_TYPE = frozenset({"trainer.devices"})

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from evaluation.thresholds import select_thresholds
+from training.config_files import CONFIGS
 from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
 from training.errors import UserError
@@ -44,7 +45,6 @@ from training.tracking.uri import tracking_client
 CONFIG = "config.yaml"
 CHECKPOINT = "checkpoints/best.ckpt"
 VAL_PREDICTIONS = "predictions/val.csv"
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: Packages whose classes a stored config may name: this project's own.
 PROJECT_PACKAGES = ("training.", "evaluation.")
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")

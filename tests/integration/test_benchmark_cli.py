@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.benchmarks.catalog import available, load_protocol
-from evaluation.benchmarks.models import load_encoder
-from evaluation.benchmarks.platform_models import ModelNotFound, PlatformRunEncoder
-from evaluation.benchmarks.runner import draw_subsets
+from apps.benchmarks.framework.catalog import available, load_protocol
+from apps.benchmarks.framework.models import load_encoder
+from apps.benchmarks.framework.platform_models import ModelNotFound, PlatformRunEncoder
+from apps.benchmarks.framework.runner import draw_subsets
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from tests.conftest import PROJECT_ROOT, register_smoke_champion
 
@@ -25,7 +25,7 @@ PROTOCOL = load_protocol("pneumonia")
 
 def benchmark(tmp_path: Path, env: dict, model: str, data: Path, version: str) -> subprocess.CompletedProcess:
     command = [
-        sys.executable, "-m", "evaluation.benchmarks.cli", "--name", "pneumonia", "--model", model,
+        sys.executable, "-m", "apps.benchmarks.cli", "--name", "pneumonia", "--model", model,
         "--data-root", str(data), "--version", version, "--cache-dir", str(tmp_path / "cache"),
         "--artifact-root", str(tmp_path / "artifacts"),
     ]  # fmt: skip

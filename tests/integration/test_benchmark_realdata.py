@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.benchmarks.catalog import load_protocol
-from evaluation.benchmarks.pneumonia import pools
-from evaluation.benchmarks.report import format_table
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.report import format_table
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.pneumonia import pools
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import shared_data
 from training.data.adapters.kermany import patient_key

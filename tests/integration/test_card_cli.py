@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from evaluation.benchmarks.card_cli import CARD_END, CARD_START
+from apps.benchmarks.card_cli import CARD_END, CARD_START
 from tests.benchmark_data import write_kermany
 from tests.conftest import PROJECT_ROOT, register_smoke_champion
 from tests.reveal_data import write_reader_folder

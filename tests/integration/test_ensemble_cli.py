@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from evaluation import submit as submit_cli
-from evaluation.serving import Scorer
-from evaluation.submission import Template, build_submission
-from evaluation.submit import rows_to_predict, run_manifest
+from apps import submit as submit_cli
+from apps.serving import Scorer
+from apps.submission import Template, build_submission
+from apps.submit import rows_to_predict, run_manifest
 from tests.conftest import PROJECT_ROOT, train_command
 from training.data.images import read_grayscale
 from training.runs import read_config

@@ -12,7 +12,7 @@ import csv
 import numpy as np
 import pytest
 
-from evaluation.imageclef_captions import caption_scores, constant_caption, read_caption_run, read_captions
+from apps.benchmarks.imageclef_captions.scoring import caption_scores, constant_caption, read_caption_run, read_captions
 from tests.conftest import shared_data
 
 pytestmark = pytest.mark.realdata

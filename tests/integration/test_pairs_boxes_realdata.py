@@ -5,10 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.conftest import shared_data
-from training.data.boxes import image_frames, read_nih_boxes, rescale_boxes
-from training.data.findings import NIH14_LABELS
-from training.data.pairs import (
+from apps.benchmarks.chextemporal.pairs import (
     COARSE,
     PROGRESSION,
     DataContractError,
@@ -17,6 +14,9 @@ from training.data.pairs import (
     patient_split,
     validate_pairs,
 )
+from apps.benchmarks.framework.boxes import image_frames, read_nih_boxes, rescale_boxes
+from tests.conftest import shared_data
+from training.data.findings import NIH14_LABELS
 
 pytestmark = pytest.mark.realdata
 NIH_FINDINGS = [name for name in NIH14_LABELS if name != "No Finding"]

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from sklearn.metrics import cohen_kappa_score
 
-from evaluation.benchmarks.agreement import majority
-from evaluation.benchmarks.catalog import load_protocol
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.reveal.agreement import majority
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import shared_data
 from tests.reveal_data import dicom_copy
@@ -43,7 +43,7 @@ def test_readers_pooled_kappa_equals_scikit_learn_on_the_real_reads():
     root = shared_data("nih-expert")
     draw = draw_subsets(PROTOCOL, root)
     truth = draw.test.targets
-    from evaluation.benchmarks.agreement import reader_agreement
+    from apps.benchmarks.reveal.agreement import reader_agreement
 
     table = reader_agreement(truth.reader_labels, truth.readers, truth.names, None)
     row = table[

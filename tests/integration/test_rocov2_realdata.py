@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from evaluation import score as score_cli
-from evaluation import submit as submit_cli
-from evaluation.imageclef_concepts import concept_f1, frequency_prior, read_concepts, read_run
+from apps import score as score_cli
+from apps import submit as submit_cli
+from apps.benchmarks.imageclef_concepts.scoring import concept_f1, frequency_prior, read_concepts, read_run
 from tests.conftest import shared_data
 from tests.integration.test_rocov2_concepts import train
 from tests.rocov2_data import write_rocov2_release

@@ -118,7 +118,7 @@ def test_make_evaluate_reports_the_unseen_classes_again(task2_runs):
     run = runs["semantic"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
     done = subprocess.run(
-        [sys.executable, "-m", "evaluation.cli", f"run={run.info.run_id}", "tta.enabled=false",
+        [sys.executable, "-m", "apps.evaluate", f"run={run.info.run_id}", "tta.enabled=false",
          "evaluation.perturbation.enabled=false", "evaluation.plots=false"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -133,8 +133,8 @@ def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_co
     tmp, client, runs, _ = task2_runs
     run_id = runs["semantic"].info.run_id
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
-    for command in (["evaluation.registry", "--task", "task2", "--run", run_id],
-                    ["evaluation.submit", "--task", "task2", "--out", str(tmp_path / "task2.csv")]):  # fmt: skip
+    for command in (["apps.registry", "--task", "task2", "--run", run_id],
+                    ["apps.submit", "--task", "task2", "--out", str(tmp_path / "task2.csv")]):  # fmt: skip
         done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     champion = client.get_model_version_by_alias("cxrlt-task2", "champion")

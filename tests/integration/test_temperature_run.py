@@ -14,7 +14,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from evaluation.cli import evaluate_run
+from apps.evaluate import evaluate_run
 from evaluation.suite import compute_suite
 from evaluation.tta import TTAPredictor
 from tests.conftest import train_command

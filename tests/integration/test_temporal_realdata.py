@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.benchmarks.catalog import load_protocol
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import shared_data
 

@@ -161,7 +161,7 @@ def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
     run = _runs(client)["regnetx_004"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
     done = subprocess.run(
-        [sys.executable, "-m", "evaluation.cli", f"run={run.info.run_id}", "evaluation=postprocess",
+        [sys.executable, "-m", "apps.evaluate", f"run={run.info.run_id}", "evaluation=postprocess",
          "evaluation.n_boot=50", "tta.enabled=false", "evaluation.perturbation.enabled=false"],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

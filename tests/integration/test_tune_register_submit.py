@@ -22,8 +22,8 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.submission import Template, validate_file
-from evaluation.submit import submit
+from apps.submission import Template, validate_file
+from apps.submit import submit
 from tests.conftest import PROJECT_ROOT, free_port, stop_process_group, wait_for_http
 from tests.tune_support import tune_command
 from training.data.findings import TASK1_LABELS
@@ -127,7 +127,7 @@ def test_restart_with_more_trials_adds_two_to_the_same_study(study):
 
 @pytest.fixture(scope="module")
 def champion(study):
-    _run([sys.executable, "-m", "evaluation.registry", "--task", "task1"], study["env"])
+    _run([sys.executable, "-m", "apps.registry", "--task", "task1"], study["env"])
     client = study["client"]
     return client.get_model_version_by_alias("cxrlt-task1", "champion")
 
@@ -147,7 +147,7 @@ def test_register_picks_the_best_complete_trial(study, champion):
                  if r.info.status == "FINISHED" and r.info.run_id != champion.run_id)  # fmt: skip
     assert "test_tta/mAP" not in client.get_run(other.info.run_id).data.metrics  # only the champion
     # Registering again keeps one version per run: the alias stays, no duplicate.
-    _run([sys.executable, "-m", "evaluation.registry", "--task", "task1"], study["env"])
+    _run([sys.executable, "-m", "apps.registry", "--task", "task1"], study["env"])
     assert len(client.search_model_versions("name = 'cxrlt-task1'")) == 1
 
 
@@ -167,7 +167,7 @@ def submission(study, champion):
     template = tmp / "template.csv"
     pd.DataFrame({"ImageID": ids, **{c: "" for c in columns}}).to_csv(template, index=False)
     out = tmp / "submission.csv"
-    _run([sys.executable, "-m", "evaluation.submit", "--task", "task1", "--template", str(template), "--out", str(out)],
+    _run([sys.executable, "-m", "apps.submit", "--task", "task1", "--template", str(template), "--out", str(out)],
          study["env"])  # fmt: skip
     return {"template": template, "out": out, "ids": ids, "columns": columns}
 

@@ -78,7 +78,7 @@ def zero_padded(tmp_path):
 
 def test_score_matches_ids_with_leading_zeros(zero_padded, run_env):
     predictions, manifest = zero_padded
-    done = run("evaluation.score", str(predictions), str(manifest), "--n-boot", "10", env=run_env)
+    done = run("apps.score", str(predictions), str(manifest), "--n-boot", "10", env=run_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{predictions} on {manifest} [test], 4 images" in done.stdout
 
@@ -88,9 +88,9 @@ def test_score_names_a_bad_cell_and_keeps_the_traceback_behind_debug(zero_padded
     table = pd.read_csv(predictions, dtype=str)
     table.loc[2, "Hernia"] = "high"
     table.to_csv(predictions, index=False)
-    done = run("evaluation.score", str(predictions), str(manifest), env=run_env)
+    done = run("apps.score", str(predictions), str(manifest), env=run_env)
     assert_reported(done, f"error: {predictions}: line 4, column 'Hernia': 'high' is not a probability in [0, 1]")
-    debug = run("evaluation.score", str(predictions), str(manifest), "--debug", env=run_env)
+    debug = run("apps.score", str(predictions), str(manifest), "--debug", env=run_env)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
@@ -123,14 +123,14 @@ def test_evaluate_refuses_a_stored_config_naming_a_foreign_callable(tmp_path, ru
     src.write_bytes(b"not a checkpoint")
     config = f"task:\n  name: task1\nmodel:\n  name: evil\n  head:\n    _target_: {target}\n    {arguments}\n"
     run_id = finished_run(*store, config.format(src=src, dst=dst))
-    done = run("evaluation.cli", f"run={run_id}", env=run_env)
+    done = run("apps.evaluate", f"run={run_id}", env=run_env)
     assert_reported(done, f"run {run_id} config.yaml: model.head._target_ = '{target}' is neither a class of this "
                           "project nor one its configs use; refusing to build it")  # fmt: skip
     assert not dst.exists()
 
 
 def test_register_and_submit_name_an_unknown_run(store, run_env, tmp_path):
-    done = run("evaluation.registry", "--run", "0123456789abcdef", env=run_env)
+    done = run("apps.registry", "--run", "0123456789abcdef", env=run_env)
     assert_reported(done, "error: no run '0123456789abcdef' in the tracking store")
-    done = run("evaluation.submit", "--model", "0123456789abcdef", "--out", str(tmp_path / "s.csv"), env=run_env)
+    done = run("apps.submit", "--model", "0123456789abcdef", "--out", str(tmp_path / "s.csv"), env=run_env)
     assert_reported(done, "error: no run '0123456789abcdef' in the tracking store")

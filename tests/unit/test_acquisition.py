@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy.stats import chi2_contingency
 
-from evaluation.benchmarks.acquisition import FIELDS, MISSING, balance, counts, format_balance, read_characteristics
+from apps.benchmarks.reveal.acquisition import FIELDS, MISSING, balance, counts, format_balance, read_characteristics
 from tests import dicom_files
 
 

@@ -11,7 +11,7 @@ import pytest
 from matplotlib.figure import Figure
 from sklearn.metrics import cohen_kappa_score
 
-from evaluation.benchmarks.agreement import (
+from apps.benchmarks.reveal.agreement import (
     ALL_READERS,
     OVERALL,
     agreement_plot,

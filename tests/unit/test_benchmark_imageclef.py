@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.benchmarks import cli
-from evaluation.benchmarks.catalog import load_protocol
-from evaluation.benchmarks.protocol import BadInput
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
-from evaluation.imageclef_captions import preprocess, rouge1_f
+from apps.benchmarks import cli
+from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.protocol import BadInput
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.imageclef_captions.scoring import preprocess, rouge1_f
 from tests.benchmark_data import write_tiny_clip
 from tests.imageclef_data import ABDOMEN, CHEST, MODALITY, NODULE, caption_of, concepts_of, write_rocov2
 

@@ -13,26 +13,26 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, average_precision_score, recall_score, roc_auc_score
 
-from evaluation.benchmarks import platform_models
-from evaluation.benchmarks.catalog import load_protocol
-from evaluation.benchmarks.clip_models import ClipEncoder, parse_clip_spec
-from evaluation.benchmarks.embeddings import cache_key, encode_subset
-from evaluation.benchmarks.encoders import Encoded, Encoder, Target
-from evaluation.benchmarks.metrics import binary_metrics, bootstrap_table, stratified_resamples
-from evaluation.benchmarks.models import MODEL_KINDS, load_encoder, model_kind
-from evaluation.benchmarks.platform_models import PlatformRunEncoder, combine, map_outputs, missing_outputs_note
-from evaluation.benchmarks.pneumonia import PneumoniaProtocol, card_metrics, exclude_shared_patients
-from evaluation.benchmarks.probe import fit_probe, probe_probabilities
-from evaluation.benchmarks.protocol import BadInput, Prediction, Targets
-from evaluation.benchmarks.report import format_table
-from evaluation.benchmarks.runner import bootstrap_scores, draw_subsets, run_benchmark
-from evaluation.benchmarks.sampling import (
+from apps.benchmarks.framework import platform_models
+from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.clip_models import ClipEncoder, parse_clip_spec
+from apps.benchmarks.framework.embeddings import cache_key, encode_subset
+from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
+from apps.benchmarks.framework.metrics import binary_metrics, bootstrap_table, stratified_resamples
+from apps.benchmarks.framework.models import MODEL_KINDS, load_encoder, model_kind
+from apps.benchmarks.framework.platform_models import PlatformRunEncoder, combine, map_outputs, missing_outputs_note
+from apps.benchmarks.framework.probe import fit_probe, probe_probabilities
+from apps.benchmarks.framework.protocol import BadInput, Prediction, Targets
+from apps.benchmarks.framework.report import format_table
+from apps.benchmarks.framework.runner import bootstrap_scores, draw_subsets, run_benchmark
+from apps.benchmarks.framework.sampling import (
     fingerprint,
     hash_order,
     hash_rank,
     largest_remainder_quotas,
     stratified_draw,
 )
+from apps.benchmarks.pneumonia import PneumoniaProtocol, card_metrics, exclude_shared_patients
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from training.data.adapters.kermany import patient_key
 from training.data.transforms import GRAY_MEAN, GRAY_STD

@@ -13,13 +13,14 @@ import pytest
 from mlflow import MlflowClient
 from sklearn.metrics import cohen_kappa_score
 
-from evaluation.benchmarks import cli, runner
-from evaluation.benchmarks.catalog import CONFIG_DIR, available, load_protocol
-from evaluation.benchmarks.encoders import Encoded, Encoder, Target
-from evaluation.benchmarks.protocol import BOOTSTRAPS, BadInput, Box, Extras, Features, Prediction, Targets
-from evaluation.benchmarks.report import render_report
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
-from evaluation.benchmarks.sampling import fingerprint
+from apps.benchmarks import cli
+from apps.benchmarks.framework import runner
+from apps.benchmarks.framework.catalog import CONFIG_DIR, available, load_protocol
+from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
+from apps.benchmarks.framework.protocol import BOOTSTRAPS, BadInput, Box, Extras, Features, Prediction, Targets
+from apps.benchmarks.framework.report import render_report
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.framework.sampling import fingerprint
 from evaluation.bootstrap import percentile_ci, resample_indices
 from tests.benchmark_data import (
     FINDINGS,

@@ -16,11 +16,11 @@ from mlflow import MlflowClient
 from scipy.stats import chi2_contingency
 from sklearn.metrics import average_precision_score, cohen_kappa_score, f1_score, roc_auc_score
 
-from evaluation.benchmarks import cli
-from evaluation.benchmarks.catalog import CONFIG_DIR, load_protocol
-from evaluation.benchmarks.protocol import BadInput, Prediction
-from evaluation.benchmarks.reader_study import read_reader_table, read_release
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks import cli
+from apps.benchmarks.framework.catalog import CONFIG_DIR, load_protocol
+from apps.benchmarks.framework.protocol import BadInput, Prediction
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.reveal.reader_study import read_reader_table, read_release
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import PROJECT_ROOT
 from tests.dicom_files import write_display_dicom
@@ -159,7 +159,7 @@ def test_agree_mostly_counts_as_disagreement_unless_told_otherwise(tmp_path, mer
 
 
 def test_every_benchmark_label_has_a_documented_mapping_and_nih_outputs_map_as_stated():
-    from evaluation.benchmarks.platform_models import map_outputs
+    from apps.benchmarks.framework.platform_models import map_outputs
 
     nih = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia", "Pneumothorax",
            "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia", "No Finding"]  # fmt: skip

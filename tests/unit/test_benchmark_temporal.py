@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.benchmarks import cli
-from evaluation.benchmarks.catalog import load_protocol
-from evaluation.benchmarks.protocol import BadInput
-from evaluation.benchmarks.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks import cli
+from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.protocol import BadInput
+from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
 from tests.temporal_data import RELEASE_CLASSES, write_bbox_folder, write_followup_folder, write_release_pairs
 

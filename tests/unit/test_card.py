@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.benchmarks.card import (
+from apps.benchmarks.card import (
     DEFAULT_CARD,
     CardResult,
     Entry,
@@ -24,11 +24,11 @@ from evaluation.benchmarks.card import (
     run_metric_rows,
     unmet,
 )
-from evaluation.benchmarks.card_cli import CARD_END, CARD_START, with_card
-from evaluation.benchmarks.catalog import available
-from evaluation.benchmarks.encoders import Encoded, Encoder, Target
-from evaluation.benchmarks.protocol import BadInput
-from evaluation.benchmarks.runner import TABLE_COLUMNS
+from apps.benchmarks.card_cli import CARD_END, CARD_START, with_card
+from apps.benchmarks.framework.catalog import available
+from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
+from apps.benchmarks.framework.protocol import BadInput
+from apps.benchmarks.framework.runner import TABLE_COLUMNS
 
 
 class FakeEncoder(Encoder):

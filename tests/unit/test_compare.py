@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from evaluation.compare import COLUMNS, grid_table
+from apps.compare import COLUMNS, grid_table
 from evaluation.report import ranking_chain
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation import score as score_cli
-from evaluation import submit as submit_cli
-from evaluation.concept_tables import per_concept_table, read_ids, split_concepts, truth_matrix
-from evaluation.submission import SUBMISSION_FORMATS, SubmissionError, submission_format
+from apps import score as score_cli
+from apps import submit as submit_cli
+from apps.benchmarks.imageclef_concepts.tables import per_concept_table, read_ids, split_concepts, truth_matrix
+from apps.submission import SUBMISSION_FORMATS, SubmissionError, submission_format
 
 TRUTH = "ID,CUIs\na,C0000001;C0000002\nb,C0000001\nc,C0000003\n"
 MANUAL = "ID,CUIs\na,C0000001\nb,\nc,C0000003\n"
@@ -26,7 +26,7 @@ def test_each_submission_format_has_a_writer_and_a_scorer_and_tasks_name_theirs(
 
 
 def test_an_unknown_submission_format_is_named(tmp_path, monkeypatch):
-    from evaluation import submission
+    from apps import submission
 
     (tmp_path / "odd.yaml").write_text("name: odd\nsubmission_format: captions\n")
     monkeypatch.setattr(submission, "TASK_CONFIGS", tmp_path)

@@ -1,4 +1,4 @@
-"""Ensemble weights fitted on validation (evaluation/ensemble.py): what they pick, what they combine to, and what a
+"""Ensemble weights fitted on validation (apps/ensemble.py): what they pick, what they combine to, and what a
 stored weights.json may not contain."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.ensemble import (
+from apps.ensemble import (
     EnsembleError,
     MeanWeights,
     PerClassWeights,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.benchmarks.grounding import box_mask, cnr, grounding_scores, overlay_figure, pointing_game
-from evaluation.benchmarks.protocol import Box
+from apps.benchmarks.framework.grounding import box_mask, cnr, grounding_scores, overlay_figure, pointing_game
+from apps.benchmarks.framework.protocol import Box
 
 
 def test_a_box_in_the_1024_frame_lands_at_half_size_on_a_512_image():

@@ -243,8 +243,8 @@ def test_the_optimiser_holds_the_experts_from_the_first_step():
 
 
 def test_benchmarks_feed_a_query_head_its_map_and_the_probe_a_pooled_embedding():
-    from evaluation.benchmarks.heatmaps import _Logits
-    from evaluation.benchmarks.platform_models import head_input
+    from apps.benchmarks.framework.heatmaps import _Logits
+    from apps.benchmarks.framework.platform_models import head_input
 
     model = _model({"_target_": HEADS + "ml_decoder.MLDecoderHead", "dim": 16, "heads": 2}).eval()
     images = torch.randn(2, 1, 32, 32)

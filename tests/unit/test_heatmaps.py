@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evaluation.benchmarks import heatmaps as hm
-from evaluation.benchmarks.clip_models import ClipEncoder
-from evaluation.benchmarks.encoders import Encoded, Encoder, Target
-from evaluation.benchmarks.platform_models import PlatformRunEncoder, map_outputs
+from apps.benchmarks.framework import heatmaps as hm
+from apps.benchmarks.framework.clip_models import ClipEncoder
+from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
+from apps.benchmarks.framework.platform_models import PlatformRunEncoder, map_outputs
 from tests.benchmark_data import write_tiny_clip
 from training.data.transforms import GRAY_MEAN, GRAY_STD
 from training.models.backbone import create_backbone

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.imageclef_captions import (
+from apps.benchmarks.imageclef_captions.scoring import (
     BERTSCORE_MODEL,
     DuplicateId,
     EmptyCaptionFile,

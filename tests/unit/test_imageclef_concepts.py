@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score
 
-from evaluation.imageclef_concepts import (
+from apps.benchmarks.imageclef_concepts.scoring import (
     MANUAL_2025,
     MAX_CONCEPTS,
     ConceptFileError,

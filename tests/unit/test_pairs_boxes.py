@@ -9,14 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.data.boxes import (
-    BOX_COLUMNS,
-    image_frames,
-    read_nih_boxes,
-    rescale_boxes,
-    validate_boxes,
-)
-from training.data.pairs import (
+from apps.benchmarks.chextemporal.pairs import (
     COARSE,
     PAIR_COLUMNS,
     PROGRESSION,
@@ -26,6 +19,13 @@ from training.data.pairs import (
     patient_split,
     read_pair_manifest,
     validate_pairs,
+)
+from apps.benchmarks.framework.boxes import (
+    BOX_COLUMNS,
+    image_frames,
+    read_nih_boxes,
+    rescale_boxes,
+    validate_boxes,
 )
 
 FINDINGS = ("Pleural Effusion", "Atelectasis")

@@ -1,4 +1,4 @@
-"""Progression between two films (evaluation.benchmarks.progression): the prompt bank, zero-shot on the change of
+"""Progression between two films (apps.benchmarks.chextemporal.progression): the prompt bank, zero-shot on the change of
 the embeddings, the classifier rule and its fitting, the trained pair head, and the metrics against sklearn."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, confusion_matrix, f1_score
 
-from evaluation.benchmarks.progression import (
+from apps.benchmarks.chextemporal.progression import (
     DELTA_GRID,
     PRESENCE_CLASSES,
     PROGRESSION_CLASSES,
@@ -140,8 +140,8 @@ def test_zero_shot_from_text_uses_the_bank_prompts_of_the_finding():
 
 
 def test_clip_text_tower_as_embedder(tmp_path):
-    from evaluation.benchmarks.clip_models import ClipEncoder
-    from evaluation.benchmarks.progression import clip_text_embedder
+    from apps.benchmarks.chextemporal.progression import clip_text_embedder
+    from apps.benchmarks.framework.clip_models import ClipEncoder
     from tests.benchmark_data import write_tiny_clip
 
     encoder = ClipEncoder(write_tiny_clip(tmp_path / "tiny"), (), seed=0)

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from apps.score import score, score_lines
 from evaluation.evaluate import MetricSet
 from evaluation.metric_registry import SUITE, SuiteMetric, class_ap
 from evaluation.report import TRAINED_ON_CAVEAT, headline_rows, ranking_chain, summary_lines, write_report
-from evaluation.score import score, score_lines
 from evaluation.suite import compute_suite
 from evaluation.tables import headline_view_tag
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.registry import TIE_BREAKS, Candidate, larger_is_better, rank
+from apps.registry import TIE_BREAKS, Candidate, larger_is_better, rank
 
 
 def _run(run_id: str, start: int = 0, **metrics: float) -> Candidate:

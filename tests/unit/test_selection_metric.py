@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from evaluation.registry import FALLBACK_METRIC, selection_metric
+from apps.registry import FALLBACK_METRIC, selection_metric
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TASKS = sorted(path.stem for path in (CONFIGS / "task").glob("*.yaml"))

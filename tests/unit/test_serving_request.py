@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.serving import RequestError, decode_request
+from apps.serving import RequestError, decode_request
 from training.data.images import read_grayscale
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.submission import SubmissionError, Template, build_submission, problems, validate, validate_file
+from apps.submission import SubmissionError, Template, build_submission, problems, validate, validate_file
 
 LABELS = ["Pleural Effusion", "Cardiomegaly", "Support Devices"]
 IDS = ["img0", "img1", "img2", "img3"]

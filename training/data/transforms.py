@@ -15,8 +15,7 @@ import numpy as np
 from albumentations.pytorch import ToTensorV2
 from hydra.utils import instantiate
 
-GRAY_MEAN = 0.449  # mean of ImageNet's RGB means
-GRAY_STD = 0.226  # mean of ImageNet's RGB stds
+from evaluation.normalisation import GRAY_MEAN, GRAY_STD
 
 
 def build_transform(steps: Sequence | None) -> A.Compose:

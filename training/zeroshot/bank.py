@@ -15,8 +15,9 @@ from pathlib import Path
 
 import yaml
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BANK = PROJECT_ROOT / "configs" / "text" / "descriptions.yaml"
+from training.config_files import config_file, project_file
+
+DEFAULT_BANK = config_file("text", "descriptions.yaml")
 
 
 class MissingDescriptionError(KeyError):
@@ -43,9 +44,7 @@ class DescriptionBank:
     @classmethod
     def load(cls, path: str | Path | None = None) -> DescriptionBank:
         """Read and check a bank file (default: the project's); relative paths are tried from the project root."""
-        path = Path(path) if path else DEFAULT_BANK
-        if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
-            path = PROJECT_ROOT / path
+        path = project_file(path) if path else DEFAULT_BANK
         raw = yaml.safe_load(path.read_text())
         templates = {kind: tuple(raw["templates"][kind]) for kind in ("positive", "negative")}
         for kind, items in templates.items():

@@ -39,7 +39,7 @@ from training.data.manifest import SCIENTIFIC, listed, mangled_id_problem
 log = logging.getLogger(__name__)
 
 #: A UMLS concept unique identifier: C and seven digits; read case-insensitively and upper-cased, as ImageCLEF's
-#: evaluator compares them (evaluation/imageclef_concepts.py).
+#: evaluator compares them (apps/benchmarks/imageclef_concepts/scoring.py).
 CUI = re.compile(r"^C\d{7}$", re.IGNORECASE)
 ID_COLUMN, CUI_COLUMN = "ID", "CUIs"
 SEPARATOR = ";"

@@ -1,0 +1,218 @@
+"""Grounding metrics: does a model's heatmap for a finding point at the finding's boxes?
+
+Two numbers per (image, finding) with at least one reference box, both computed on the heatmap at the size the
+boxes were moved to (the image as the model saw it):
+
+- **Pointing game** (PG): 1 when the heatmap's maximum lies inside a box of that finding, else 0. When the maximum
+  is reached at several pixels (a flat or saturated map) the hit is the *share* of those pixels inside a box, so a
+  constant heatmap scores the box's area fraction rather than whatever pixel ``argmax`` happens to return first.
+- **Contrast-to-noise ratio** (CNR, as in BioViL's grounding evaluation): ``|mean_in - mean_out| /
+  sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes. A flat map (a
+  Grad-CAM whose ReLU removed everything) has no contrast: CNR 0, and its pointing game is the box's area share.
+  NaN when either side is empty, or for a noiseless step (constant inside, another constant outside), whose ratio
+  is infinite.
+
+Heatmaps are compared as they are: both metrics are invariant to a positive affine rescaling of the map, so
+Grad-CAM, similarity and probability maps can be compared without normalising them first.
+
+:func:`score_heatmaps` runs a model's heatmaps and the two floors (centre prior, seeded noise) over a list of films
+batch by batch (full-size maps of hundreds of films would not fit in memory), for every protocol that grounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from apps.benchmarks.framework.embeddings import read_images
+from apps.benchmarks.framework.encoders import Encoder
+from apps.benchmarks.framework.heatmaps import centre_prior, heatmap_note, heatmaps, random_heatmaps
+from apps.benchmarks.framework.protocol import Box
+from evaluation.bootstrap import percentile_ci, resample_indices
+
+Example = tuple[np.ndarray, np.ndarray, tuple[Box, ...], str]
+"""An overlay example: the film as the model saw it, the heatmap, the finding's boxes, a title."""
+
+
+def box_mask(boxes: Sequence[Box], size: int) -> np.ndarray:
+    """``(size, size)`` bool mask of the union of ``boxes`` moved to a ``size`` x ``size`` frame.
+
+    A pixel belongs to a box when its centre does (pixel ``j`` covers ``[j, j+1)``, centre ``j + 0.5``), so a box
+    covering half a pixel column counts it only if it covers that column's centre.
+    """
+    mask = np.zeros((size, size), dtype=bool)
+    centres = np.arange(size) + 0.5
+    for box in boxes:
+        moved = box.in_frame(size, size)
+        cols = (centres >= moved.x) & (centres < moved.x + moved.w)
+        rows = (centres >= moved.y) & (centres < moved.y + moved.h)
+        mask |= rows[:, None] & cols[None, :]
+    return mask
+
+
+def pointing_game(heatmap: np.ndarray, mask: np.ndarray) -> float:
+    """Share of the heatmap's maximal pixels inside the mask (1 or 0 for a single maximum); NaN for an empty mask
+    or a heatmap without a finite value."""
+    values = np.asarray(heatmap, dtype=np.float64)
+    if not mask.any() or not np.isfinite(values).any():
+        return float("nan")
+    peak = values == np.nanmax(values)
+    return float(mask[peak].mean())
+
+
+def cnr(heatmap: np.ndarray, mask: np.ndarray) -> float:
+    """Contrast-to-noise ratio of the heatmap inside vs outside the mask (see module docstring)."""
+    values = np.asarray(heatmap, dtype=np.float64)
+    inside, outside = values[mask], values[~mask]
+    if inside.size == 0 or outside.size == 0 or not np.isfinite(values).all():
+        return float("nan")
+    if values.max() == values.min():
+        return 0.0  # a flat map has no contrast (and its variances are rounding noise, not signal)
+    noise, contrast = np.sqrt(inside.var() + outside.var()), abs(inside.mean() - outside.mean())
+    if noise <= 1e-12 * np.abs(values).max():
+        return float("nan")  # a noiseless step: the ratio is infinite
+    return float(contrast / noise)
+
+
+def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findings: Sequence[str]) -> np.ndarray:
+    """``(N, K, 2)``: per image and finding, (pointing game, CNR); NaN where the image has no box of the finding.
+
+    Args:
+        heatmaps: ``(N, K, S, S)`` one map per image and finding, at the size the boxes are moved to.
+        boxes: per image, its reference boxes (any frame; each carries its own).
+        findings: the ``K`` findings, in the heatmaps' order.
+    """
+    n, k, size = heatmaps.shape[0], len(findings), heatmaps.shape[-1]
+    out = np.full((n, k, 2), np.nan)
+    for i in range(n):
+        for j, finding in enumerate(findings):
+            mine = [box for box in boxes[i] if box.finding == finding]
+            if mine:
+                mask = box_mask(mine, size)
+                out[i, j] = pointing_game(heatmaps[i, j], mask), cnr(heatmaps[i, j], mask)
+    return out
+
+
+def overlay_figure(images: Sequence[np.ndarray], maps: Sequence[np.ndarray], boxes: Sequence[Sequence[Box]],
+                   titles: Sequence[str]):  # fmt: skip
+    """A row of examples: each film in grey, its heatmap over it, the reference boxes as outlines."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    fig = Figure(figsize=(2.6 * max(len(images), 1), 2.9))
+    for column, (image, heatmap, its_boxes, title) in enumerate(zip(images, maps, boxes, titles, strict=True)):
+        ax = fig.add_subplot(1, max(len(images), 1), column + 1)
+        size = image.shape[0]
+        ax.imshow(image, cmap="gray", vmin=0, vmax=255)
+        ax.imshow(heatmap, cmap="jet", alpha=0.35)
+        for box in its_boxes:
+            moved = box.in_frame(size, size)
+            ax.add_patch(Rectangle((moved.x, moved.y), moved.w, moved.h, fill=False, edgecolor="white", linewidth=1.5))
+        if np.nanmax(heatmap) > np.nanmin(heatmap):  # a flat map has no peak to mark
+            peak = np.unravel_index(np.nanargmax(heatmap), heatmap.shape)
+            ax.plot(peak[1], peak[0], marker="x", color="red", markersize=8)
+        else:
+            title = f"{title} (flat map)"
+        ax.set_title(title, fontsize=8)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+@dataclass
+class GroundedScores:
+    """A model's and the floors' grounding scores on some films.
+
+    Attributes:
+        methods: ``model`` (``None`` when the model makes no heatmaps), ``centre``, ``random`` -> ``(N, K, 2)``
+            (pointing game, CNR; NaN where a film has no box of the finding).
+        flat: how many of the model's (film, finding) maps with a box are flat.
+        examples: finding -> a few overlay examples of the model's maps.
+        notes: lines for the report (how the maps were made, how many were flat).
+    """
+
+    methods: dict[str, np.ndarray | None]
+    flat: int = 0
+    examples: dict[str, list[Example]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Sequence[Sequence[Box]],
+                   findings: Sequence[str], seed: int, batch_size: int = 32, examples: int = 3) -> GroundedScores:  # fmt: skip
+    """Grounding scores of the model's heatmaps and of both floors, at the model's input size.
+
+    Args:
+        encoder: the model (its ``image_size`` and ``resize`` decide how the films are read).
+        root: the data root the paths are relative to.
+        paths: the films.
+        boxes: per film, its reference boxes (any frame).
+        findings: the findings (the encoder's target labels) scored on every film.
+        seed: the random floor's seed (batch ``b`` starting at film ``s`` uses ``seed + s``).
+        batch_size: films per heatmap pass.
+        examples: overlay examples kept per finding (the first films that have a box of it).
+    """
+    size, k = encoder.image_size, len(findings)
+    model = np.full((len(paths), k, 2), np.nan)
+    centre, noise = np.full_like(model, np.nan), np.full_like(model, np.nan)
+    prior = centre_prior(size)
+    able, flat, shown = True, 0, {f: [] for f in findings}
+    for start in range(0, len(paths), batch_size):
+        rows = slice(start, start + batch_size)
+        images = read_images(Path(root), list(paths[rows]), size, encoder.resize)
+        its_boxes = list(boxes[rows])
+        maps = heatmaps(encoder, images, findings) if able else None
+        able = maps is not None
+        if able:
+            model[rows] = grounding_scores(maps, its_boxes, findings)
+            for i, film in enumerate(its_boxes):
+                for j, finding in enumerate(findings):
+                    mine = tuple(b for b in film if b.finding == finding)
+                    flat += bool(mine) and np.ptp(maps[i, j]) == 0
+                    if mine and len(shown[finding]) < examples:
+                        shown[finding].append((images[i], maps[i, j], mine, Path(paths[start + i]).stem))
+        centre[rows] = grounding_scores(np.broadcast_to(prior, (len(images), k, size, size)), its_boxes, findings)
+        noise[rows] = grounding_scores(random_heatmaps(len(images), k, size, seed + start), its_boxes, findings)
+    notes = [f"heatmaps at {size} px (the model's input size); floors: a centred Gaussian (sigma = size/4) and "
+             f"uniform noise seeded with {seed} + batch start"]  # fmt: skip
+    if able:
+        notes.append(f"model heatmaps: {heatmap_note(encoder)}")
+        pairs = int(sum(any(b.finding == f for b in film) for film in boxes for f in findings))
+        if flat:
+            notes.append(f"{flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores its box's "
+                         f"area share in the pointing game and 0 CNR")  # fmt: skip
+    else:
+        notes.append(f"model: no heatmaps for {encoder.description} (n/a)")
+    return GroundedScores({"model": model if able else None, "centre": centre, "random": noise}, flat, shown, notes)
+
+
+def grounding_table(methods: dict[str, np.ndarray | None], groups: dict[str, np.ndarray], n_boot: int, seed: int,
+                    ci: float = 0.95) -> pd.DataFrame:  # fmt: skip
+    """Mean pointing game and CNR of each method on each group of films, with percentile intervals over resampled
+    films (the same resamples for every method and group: paired).
+
+    Args:
+        methods: method -> ``(N, K, 2)`` scores (:func:`score_heatmaps`); ``None`` rows stay NaN.
+        groups: group name -> ``(N,)`` bool mask of its films (overall, a finding, a source).
+        n_boot: resamples.
+        seed: bootstrap seed.
+    """
+    n = len(next(iter(groups.values())))
+    resamples = resample_indices(n, n_boot, seed) if n_boot > 0 else np.empty((0, n), int)
+    rows = []
+    for method, values in methods.items():
+        for m, metric in enumerate(("pg", "cnr")):
+            per_film = np.full(n, np.nan) if values is None else np.nanmax(values[:, :, m], axis=1, initial=-np.inf)
+            per_film = np.where(np.isfinite(per_film), per_film, np.nan)  # the film's one scored finding
+            for group, mask in groups.items():
+                picked = np.where(mask, per_film, np.nan)
+                point = float(np.nanmean(picked)) if np.isfinite(picked).any() else float("nan")
+                replicates = np.array([np.nanmean(picked[idx]) if np.isfinite(picked[idx]).any() else np.nan
+                                       for idx in resamples])  # fmt: skip
+                low, high = percentile_ci(replicates, ci) if n_boot > 0 else (np.nan, np.nan)
+                rows.append({"method": method, "metric": metric, "group": group, "value": point, "ci_low": low,
+                             "ci_high": high})  # fmt: skip
+    return pd.DataFrame(rows, columns=["method", "metric", "group", "value", "ci_low", "ci_high"])

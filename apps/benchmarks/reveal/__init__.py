@@ -1,0 +1,359 @@
+"""The REVEAL-CXR protocol (RSNA 2025): a model against the readers' majority on 12 labels, beside the readers.
+
+- Studies: every study of the data root, read by :mod:`apps.benchmarks.reveal.reader_study` (the release layout
+  or a generic reader table, chosen by which table the root holds). The reference is the majority of the
+  readers (or an adjudicated table when configured); each study's agreement level (``3 of 3`` / ``2 of 3``)
+  is its stratum.
+- The model's answer per label: its score (a platform classifier's highest probability among the outputs
+  mapped to the label in :data:`training.data.label_names.REVEAL_OUTPUTS`; an image-text model's prompt margin)
+  and its own call (the run's per-class validation thresholds, 0.5 without; a positive margin).
+- Metrics per label, macro (mean over labels with a defined value) and micro (all (study, label) pairs pooled):
+  AUROC, AP, and at the model's call sensitivity, specificity, F1 and Cohen's kappa, overall and per stratum;
+  1,000 resamples of studies (a study keeps all its labels and readers), seeded.
+- Readers (when the data has per-reader reads): each reader's kappa against the majority of the *other* readers
+  and against the full majority, per label and pooled, on the same resamples; the model's kappa beside them with
+  a verdict per label (:mod:`apps.benchmarks.reveal.agreement`).
+- Acquisition balance: DICOM characteristics compared between subsets with Pearson's chi-square
+  (:mod:`apps.benchmarks.reveal.acquisition`), when the studies are DICOM and the layout names a subset column.
+
+docs/benchmarks.md (REVEAL-CXR) states the protocol, the label mapping and the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from apps.benchmarks.framework.encoders import Encoder, Target
+from apps.benchmarks.framework.markdown import frame_markdown
+from apps.benchmarks.framework.protocol import (
+    BOOTSTRAPS,
+    Draw,
+    Extras,
+    Features,
+    Outcome,
+    Prediction,
+    Protocol,
+    Subset,
+    Targets,
+)
+from apps.benchmarks.reveal.acquisition import balance_report
+from apps.benchmarks.reveal.agreement import agreement_plot, cohen_kappa, reader_agreement, verdicts
+from apps.benchmarks.reveal.reader_study import (
+    MISSING,
+    ReaderStudy,
+    ReaderTableLayout,
+    ReleaseLayout,
+    read_reader_table,
+    read_release,
+)
+from evaluation.metric_registry import average_precision, roc_auc
+from training.data.label_names import REVEAL_LABELS, REVEAL_OUTPUTS
+
+METRICS: dict[str, str] = {
+    "auroc": "AUROC", "ap": "AP", "sensitivity": "Sensitivity", "specificity": "Specificity", "f1": "F1",
+    "kappa": "Kappa",
+}  # fmt: skip
+"""Per-label metric key -> column title, in table order. AUROC and AP rank the scores; the rest judge the call."""
+
+POOLS = {"macro": "Macro (mean over labels)", "micro": "Micro (all pairs pooled)"}
+ALL = "all"
+
+
+def slug(text: str) -> str:
+    """A label or stratum as an MLflow key part: ``"pleural effusion" -> "pleural_effusion"``."""
+    return text.replace(" ", "_")
+
+
+def label_metrics(labels: np.ndarray, scores: np.ndarray, calls: np.ndarray) -> dict[str, float]:
+    """The six metrics of one label on the items that have a reference (NaN scores: no ranking metrics)."""
+    keep = labels != MISSING
+    truth, score, call = labels[keep].astype(bool), scores[keep], calls[keep].astype(bool)
+    if truth.size == 0:
+        return dict.fromkeys(METRICS, float("nan"))
+    ranked = np.isfinite(score).all()
+    tp, fp, fn = int((truth & call).sum()), int((~truth & call).sum()), int((truth & ~call).sum())
+    return {
+        "auroc": roc_auc(truth, score) if ranked else float("nan"),
+        "ap": average_precision(truth, score) if ranked else float("nan"),
+        "sensitivity": tp / truth.sum() if truth.any() else float("nan"),
+        "specificity": float((~call[~truth]).mean()) if (~truth).any() else float("nan"),
+        "f1": 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan"),
+        "kappa": cohen_kappa(truth, call),
+    }
+
+
+def nanmean(values: list[float]) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+class RevealProtocol(Protocol):
+    """REVEAL-CXR on a data root holding the release or a multi-reader table (see ``configs/benchmark/reveal.yaml``).
+
+    Args:
+        name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`.
+        labels: benchmark label -> ``definition`` (the paper's operational definition, shown beside results) and
+            ``prompt`` (what an image-text model compares the image with); all 12 labels, in benchmark order.
+        negative_prompt: the contrasting text for every label.
+        release: :class:`~apps.benchmarks.reveal.reader_study.ReleaseLayout` fields.
+        readers: :class:`~apps.benchmarks.reveal.reader_study.ReaderTableLayout` fields.
+        reference: ``majority`` (the paper's) or ``adjudicated`` (a reader table's adjudicated labels).
+        merge_agree_mostly: count "Agree mostly" as disagreement when the release gives each reader's rating.
+    """
+
+    methods = {"model": "Model"}
+
+    def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, Any],
+                 labels: Mapping[str, Mapping[str, str]], negative_prompt: str, release: Mapping[str, Any],
+                 readers: Mapping[str, Any], reference: str = "majority", merge_agree_mostly: bool = True,
+                 bootstrap: str = "plain"):  # fmt: skip
+        super().__init__(name, description, seed, versions, bootstrap)
+        if tuple(labels) != REVEAL_LABELS:
+            raise ValueError(f"benchmark {name}: labels must be the 12 benchmark labels in order: {REVEAL_LABELS}")
+        if reference not in ("majority", "adjudicated"):
+            raise ValueError(f"benchmark {name}: reference must be majority or adjudicated, got {reference!r}")
+        self.definitions = {label: str(spec["definition"]) for label, spec in labels.items()}
+        self._targets = tuple(
+            Target(label, str(spec["prompt"]), negative_prompt, outputs=REVEAL_OUTPUTS[label][0])
+            for label, spec in labels.items()
+        )
+        self.release = ReleaseLayout(**release)
+        self.readers = ReaderTableLayout(**readers)
+        for column, targets in self.readers.findings.items():
+            unknown = [t for t in ([targets] if isinstance(targets, str) else targets) if t not in REVEAL_LABELS]
+            if unknown:
+                raise ValueError(f"benchmark {name}: readers.findings: {column} -> {unknown}, not benchmark labels")
+        self.reference, self.merge_agree_mostly = reference, bool(merge_agree_mostly)
+        # what a draw and its predictions leave for the extras (the hook receives the draw and outcome only)
+        self.strata: tuple[str, ...] = ()
+        self.study: ReaderStudy | None = None
+        self.root = Path(".")
+        self.encoder: Encoder | None = None
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self._targets
+
+    @property
+    def metrics(self) -> dict[str, str]:
+        """``<stratum>/<label>/<metric>`` for every stratum of the last draw (``all`` first), label and pool."""
+        out = {}
+        for stratum in (ALL, *self.strata):
+            for label in (*REVEAL_LABELS, *POOLS):
+                for metric, title in METRICS.items():
+                    out[f"{slug(stratum)}/{slug(label)}/{metric}"] = f"{stratum}: {label}: {title}"
+        return out
+
+    def read(self, root: Path) -> ReaderStudy:
+        """The layout whose table the root holds: a reader table first (it has the most), then the release."""
+        if (root / self.readers.table).is_file():
+            return read_reader_table(root, self.readers, REVEAL_LABELS, self.reference)
+        if (root / self.release.table).is_file():
+            return read_release(root, self.release, REVEAL_LABELS, self.merge_agree_mostly)
+        raise ValueError(f"neither a reader table ({self.readers.table}) nor a release label table "
+                         f"({self.release.table}) is there (file names: configs/benchmark/reveal.yaml)")  # fmt: skip
+
+    def draw(self, root: Path, version: str) -> Draw:
+        study = self.read(root)
+        self.study, self.root = study, root
+        self.strata = tuple(sorted(set(study.table["stratum"]), reverse=True))
+        targets = Targets(
+            "multilabel", study.names, study.reference, readers=study.readers, reader_labels=study.reads,
+            groups=study.table["stratum"].to_numpy(dtype=str),
+        )  # fmt: skip
+        test = Subset(study.table, targets, id_column="study_id", pool=len(study.table))
+        counts = study.table["stratum"].value_counts().sort_index(ascending=False)
+        description = [
+            f"test: {len(test)} studies ({', '.join(f'{n} with {s} agreeing' for s, n in counts.items())}), "
+            f"fingerprint {test.fingerprint}",
+            f"labels with a reference here: {', '.join(study.names)}; "
+            f"{len(study.absent)} of 12 without one (n/a below)",
+            *study.notes,
+        ]
+        params = {"layout": "readers" if study.reads is not None else "release", "reference": self.reference,
+                  "n_readers": len(study.readers), "labels_with_reference": len(study.names)}  # fmt: skip
+        return Draw(version, {"test": test}, params, description)
+
+    def mapping(self, encoder: Encoder) -> pd.DataFrame:
+        """Per benchmark label: its definition, the model outputs behind its score (or why none) and the rule."""
+        rows = []
+        for target in self.targets:
+            used = encoder.mapped.get(target.label, ())
+            if encoder.has_zero_shot(target.label):
+                source = ", ".join(used) if used else "prompt margin"
+            elif target.outputs:  # the encoder's note lists the model's labels: too long for every row
+                source = f"n/a: the model has none of {', '.join(target.outputs)}"
+            else:
+                source = "n/a: " + encoder.zero_shot_notes.get(target.label, "no score")
+            rows.append({"label": target.label, "definition": self.definitions[target.label], "model output": source,
+                         "mapping rule": REVEAL_OUTPUTS[target.label][1] if used else ""})  # fmt: skip
+        return pd.DataFrame(rows)
+
+    def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
+        names = draw.test.targets.names
+        self.encoder = encoder
+        notes = []
+        if not encoder.any_zero_shot:
+            notes.append(f"model: no score for any benchmark label ({'; '.join(encoder.zero_shot_notes.values())})")
+            return Outcome({"model": None}, draw.test.table[["study_id", "stratum"]].copy(), notes)
+        scores = np.stack([features.zero_shot(label, "test") for label in names], axis=1)  # (N, K)
+        calls = np.stack([features.decisions(label, "test") for label in names], axis=1)  # (N, K)
+        missing = [label for label in names if not encoder.has_zero_shot(label)]
+        if missing:
+            notes.append(f"model: no score for {', '.join(missing)} (n/a in every table)")
+        table = draw.test.table[["study_id", "stratum"]].copy()
+        for k, label in enumerate(names):
+            table[f"reference_{slug(label)}"] = draw.test.targets.labels[:, k]
+            table[f"score_{slug(label)}"] = scores[:, k]
+            table[f"call_{slug(label)}"] = calls[:, k].astype(int)
+        return Outcome({"model": Prediction(scores, calls)}, table, notes)
+
+    def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
+        labels, scores, calls = truth.labels, np.asarray(prediction.scores), np.asarray(prediction.decisions)
+        groups = truth.groups if truth.groups is not None else np.full(len(truth), ALL)
+        out = dict.fromkeys(self.metrics, float("nan"))
+        for stratum in (ALL, *self.strata):
+            rows = np.ones(len(truth), bool) if stratum == ALL else groups == stratum
+            per_label = {name: label_metrics(labels[rows, k], scores[rows, k], calls[rows, k])
+                         for k, name in enumerate(truth.names)}  # fmt: skip
+            pooled = label_metrics(labels[rows].ravel(), scores[rows].ravel(), calls[rows].ravel())
+            for metric in METRICS:
+                for name, values in per_label.items():
+                    out[f"{slug(stratum)}/{slug(name)}/{metric}"] = values[metric]
+                out[f"{slug(stratum)}/macro/{metric}"] = nanmean([values[metric] for values in per_label.values()])
+                out[f"{slug(stratum)}/micro/{metric}"] = pooled[metric]
+        return out
+
+    def report_table(self, result) -> str:
+        """One table per stratum: labels as rows, metrics as columns, ``value [low, high]``, n/a with its reason."""
+        table = result.table.set_index(["protocol", "metric"])
+        absent = self.study.absent if self.study is not None else {}
+        blocks = []
+        for stratum in (ALL, *self.strata):
+            items = (
+                len(result.draw.test.table)
+                if stratum == ALL
+                else int((result.draw.test.table["stratum"] == stratum).sum())
+            )
+            title = "all studies" if stratum == ALL else f"studies with {stratum} readers agreeing"
+            lines = [f"**Model vs the reference, {title}** ({items} studies; 95% CI)", "",
+                     "| label | positives | " + " | ".join(METRICS.values()) + " |",
+                     "|---" * (len(METRICS) + 2) + "|"]  # fmt: skip
+            truth = result.draw.test.targets
+            rows = np.ones(len(truth), bool) if stratum == ALL else truth.groups == stratum
+            for label in (*REVEAL_LABELS, *POOLS):
+                if label in absent and stratum != ALL:
+                    continue  # said once, in the table of all studies
+                if label in absent:
+                    lines.append(f"| {label} | - | n/a: {absent[label]} |" + " |" * (len(METRICS) - 1))
+                    continue
+                if label in truth.names:
+                    column = truth.labels[rows, truth.names.index(label)]
+                    positives = f"{int((column == 1).sum())}/{int((column != MISSING).sum())}"
+                else:
+                    positives = ""
+                cells = []
+                for metric in METRICS:
+                    key = ("model", f"{slug(stratum)}/{slug(label)}/{metric}")
+                    row = table.loc[key] if key in table.index else None
+                    cells.append(format_cell(row))
+                lines.append(f"| {POOLS.get(label, label)} | {positives} | " + " | ".join(cells) + " |")
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def extras(self, draw: Draw, outcome: Outcome, table: pd.DataFrame, n_boot: int) -> Extras:
+        study = self.study
+        extras = Extras()
+        truth = draw.test.targets
+        if self.encoder is not None:
+            mapping = self.mapping(self.encoder)
+            extras.tables["label_mapping"] = mapping
+            outputs = getattr(self.encoder, "labels", None)  # a platform classifier's own output names
+            listed = f"\n\nThe model's outputs: {', '.join(outputs)}." if outputs else ""
+            extras.sections.append(
+                "**Labels, definitions and the model's outputs**\n\n" + frame_markdown(mapping) + listed
+            )
+        if study is not None and study.reads is not None and len(study.readers) >= 2:
+            resamples = BOOTSTRAPS[self.bootstrap][1](truth, n_boot, self.seed) if n_boot > 0 else (
+                np.empty((0, len(truth)), int))  # fmt: skip
+            readers = reader_agreement(study.reads, study.readers, truth.names, resamples)
+            model = model_kappas(table, truth.names)
+            extras.tables["readers_kappa"] = readers
+            extras.tables["reader_blanks"] = study.blanks
+            if not model.empty:
+                verdict = verdicts(model.set_index("finding")["kappa"], readers, reference="leave-one-out")
+                extras.tables["kappa_verdicts"] = verdict
+                extras.sections.append(readers_section(readers, verdict))
+            else:
+                extras.sections.append(readers_section(readers, None))
+            extras.figures["readers_kappa"] = agreement_plot(
+                readers, model, "leave-one-out", model_label="model (vs the full majority)"
+            )
+            pooled = readers[(readers["reader"] == "all readers") & (readers["finding"] == "overall")]
+            for row in pooled.itertuples():
+                key = f"readers/{slug(row.reference)}/overall/kappa"
+                extras.metrics.update({key: row.kappa, f"{key}_ci_low": row.ci_low, f"{key}_ci_high": row.ci_high})
+        extras.sections.append(acquisition_section(draw, self.root, extras))
+        return extras
+
+
+def format_cell(row) -> str:
+    if row is None or not np.isfinite(row["value"]):
+        return "n/a"
+    if not (np.isfinite(row["ci_low"]) and np.isfinite(row["ci_high"])):
+        return f"{row['value']:.3f}"
+    return f"{row['value']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def model_kappas(table: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    """The model's kappa vs the reference per label and pooled ("overall"), in the readers' table's columns."""
+    rows = []
+    for label, key in [*((name, slug(name)) for name in names), ("overall", "micro")]:
+        hit = table[(table["protocol"] == "model") & (table["metric"] == f"{ALL}/{key}/kappa")]
+        if len(hit) and np.isfinite(hit["value"].iloc[0]):
+            rows.append({"finding": label, "kappa": float(hit["value"].iloc[0]),
+                         "ci_low": float(hit["ci_low"].iloc[0]), "ci_high": float(hit["ci_high"].iloc[0])})  # fmt: skip
+    return pd.DataFrame(rows, columns=["finding", "kappa", "ci_low", "ci_high"])
+
+
+def readers_section(readers: pd.DataFrame, verdict: pd.DataFrame | None) -> str:
+    """Markdown: the pooled readers' kappa per label against both references, then the verdicts."""
+    lines = ["**Readers' agreement** (Cohen's kappa, 95% CI over resampled studies; each reader against the "
+             "majority of the other readers, and against the full majority as in the REVEAL paper)", "",
+             "| label | all readers vs others' majority | all readers vs full majority | readers (range, vs others) |",
+             "|---|---|---|---|"]  # fmt: skip
+    pooled = readers[readers["reader"] == "all readers"].set_index(["reference", "finding"])
+    individual = readers[(readers["reader"] != "all readers") & (readers["reference"] == "leave-one-out")]
+    for finding in dict.fromkeys(readers["finding"]):
+        cells = []
+        for reference in ("leave-one-out", "majority"):
+            row = pooled.loc[(reference, finding)] if (reference, finding) in pooled.index else None
+            cells.append("n/a" if row is None else format_cell(
+                {"value": row["kappa"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]}))  # fmt: skip
+        values = individual[individual["finding"] == finding]["kappa"].dropna()
+        span = f"{values.min():.3f} to {values.max():.3f} ({len(values)} readers)" if len(values) else "n/a"
+        lines.append(f"| {finding} | {cells[0]} | {cells[1]} | {span} |")
+    if verdict is not None:
+        lines += ["", "**Model vs readers** (the model's kappa against the full majority, readers' against the "
+                  "others' majority)", "", frame_markdown(verdict)]  # fmt: skip
+    return "\n".join(lines)
+
+
+def acquisition_section(draw: Draw, root: Path, extras: Extras) -> str:
+    """Markdown: DICOM acquisition characteristics by subset, with Pearson's chi-square, or why there is none."""
+    table = draw.test.table
+    if not table["path"].str.lower().str.endswith((".dcm", ".dicom")).all():
+        return "**Acquisition balance**: n/a (the studies are not DICOM files, so there are no acquisition tags)"
+    groups = table["subset"] if "subset" in table.columns else ["all"] * len(table)
+    frame, summary, markdown = balance_report([root / p for p in table["path"]], groups, "subset")
+    extras.tables["acquisition"] = pd.concat([table[["study_id"]].reset_index(drop=True), frame], axis=1)
+    if "subset" not in table.columns or table["subset"].nunique() < 2:
+        return ("**Acquisition balance**: characteristics logged as acquisition.csv; no chi-square test (the layout "
+                "names no subset column with two or more subsets)")  # fmt: skip
+    extras.tables["acquisition_balance"] = summary
+    return markdown

@@ -1,0 +1,280 @@
+"""``make submit``: predict the test images with the champion (or an ensemble) and write a validated submission.
+
+Images. By default the test split of the data manifest the (first) model's source run was trained on; or any
+manifest (``--manifest``, images relative to ``--root`` or the manifest's folder), so the organisers' unlabelled
+test set is scored the same way. With ``--template`` the rows are the template's ids, looked up in the manifest.
+
+Models. Each ``--model`` is a registry URI (``models:/cxrlt-task1@champion``, ``models:/cxrlt-task1/3``), a
+``runs:/<id>`` URI or a bare run id; several are averaged (probabilities, after each one's own TTA), which is the
+checkpoint ensemble of the challenge's winners. Every member must predict the same labels. ``ensemble:<run id>``
+(alone) names a ``make ensemble`` run instead: its members, weighted per class as its checked
+``ensemble/weights.json`` says (:mod:`apps.ensemble`), replace the plain mean.
+
+The file is validated (:mod:`apps.submission`) before it is written, then logged to each member's source
+run under ``submissions/``.
+
+What is written depends on the task (``submission_format`` in ``configs/task/<task>.yaml``,
+:data:`WRITERS`): the CXR-LT probability CSV (``probabilities``, the default), or, for concept detection
+(``task=rocov2_concepts``), ImageCLEF's run file (``concepts``): each test image's concepts at or above thresholds
+chosen on the source run's validation split to maximise the mean per-image F1 (:mod:`evaluation.concept_thresholds`,
+``--thresholds global|per_class``), written and validated by :func:`apps.benchmarks.imageclef_concepts.scoring.write_run`, with
+the thresholds beside it (``<out>.thresholds.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from apps.benchmarks.imageclef_concepts.scoring import write_run
+from apps.benchmarks.imageclef_concepts.tables import read_ids, split_concepts, truth_matrix
+from apps.ensemble import WEIGHTS_ARTIFACT, EnsembleError, StoredEnsemble, load_weights
+from apps.registry import ALIAS, model_name
+from apps.serving import Scorer
+from apps.submission import (
+    SubmissionError,
+    Template,
+    build_submission,
+    submission_format,
+    task_setting,
+    validate,
+    validate_file,
+)
+from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
+from evaluation.tta import TTAPredictor
+from training.config_files import config_file
+from training.data.images import read_grayscale
+from training.errors import user_errors
+from training.runs import ModelNotFound, UnsafeConfig, read_config
+from training.tracking.uri import resolve_tracking_uri, tracking_client
+
+log = logging.getLogger(__name__)
+
+TTA_CONFIGS = config_file("tta")
+
+
+def run_manifest(client: MlflowClient, run_id: str) -> tuple[Path, Path]:
+    """``(manifest CSV, image root)`` of the data a run was trained on, rebuilt from its checked ``config.yaml``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = read_config(client, run_id, tmp)
+    source = instantiate(cfg.data.source)
+    return Path(source.prepare()), Path(source.root)
+
+
+def rows_to_predict(manifest: Path, split: str | None, ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """``image_id`` and ``path`` of the rows to predict: the template's ids in order, else the split's rows.
+
+    Raises:
+        SubmissionError: ids absent from the manifest (named), or an empty split.
+    """
+    table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    if ids is not None:
+        by_id = table.drop_duplicates("image_id").set_index("image_id")
+        absent = [i for i in ids if i not in by_id.index]
+        if absent:
+            raise SubmissionError(f"{len(absent)} template id(s) are not in {manifest}, e.g. {absent[:10]}")
+        return by_id.loc[list(ids), ["path"]].reset_index()
+    rows = table[table["split"] == split] if split else table
+    if rows.empty:
+        raise SubmissionError(f"{manifest}: no rows in split {split!r}")
+    return rows[["image_id", "path"]].reset_index(drop=True)
+
+
+def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAPredictor | None,
+                     weights: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Mean ``(N, C)`` probability over members, or their sum weighted by ``(K, C)`` ``weights`` (columns summing
+    to one); images are decoded once per image size."""
+    labels = members[0].labels
+    for member in members[1:]:
+        if member.labels != labels:
+            raise ValueError(f"ensemble members disagree on labels: run {member.run_id} predicts {member.labels}")
+    decoded: dict[int, np.ndarray] = {}
+    total = np.zeros((len(paths), len(labels)))
+    for k, member in enumerate(members):
+        key = (member.image_size, member.resize)  # members trained at other sizes or geometries decode their own
+        if key not in decoded:
+            decoded[key] = np.stack([read_grayscale(p, member.image_size, member.resize) for p in paths])
+        probs = member.predict_images(decoded[key], tta)
+        total += probs if weights is None else weights[k] * probs
+    return total / len(members) if weights is None else total
+
+
+def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path: Path | None = None,
+           manifest: Path | None = None, root: Path | None = None, split: str = "test",
+           tta: str | None = None) -> pd.DataFrame:  # fmt: skip
+    """Predict, build, validate, write and log a submission; returns the written frame."""
+    stored = ensemble_weights(client, models)
+    members = [Scorer.load(uri, client) for uri in (stored.members if stored else models)]
+    if stored:
+        for member in members:
+            if member.labels != stored.labels:
+                raise EnsembleError(f"run {member.run_id} predicts other labels than ensemble run {stored.run_id} "
+                                    f"weighs ({WEIGHTS_ARTIFACT}); refit it with make ensemble")  # fmt: skip
+    labels = members[0].labels
+    if manifest is None:
+        manifest, root = run_manifest(client, members[0].run_id)
+    root = root or manifest.parent
+    template = Template.read(template_path) if template_path else None
+    rows = rows_to_predict(manifest, None if template else split, template.ids if template else None)
+    template = template or Template.default(members[0].submission_labels, rows["image_id"].tolist())
+    predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
+    log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor, stored.weights if stored else None)
+    frame = build_submission(template, rows["image_id"].tolist(), probs, labels)
+    validate(frame, template)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out, index=False, float_format="%.6f")
+    validate_file(out, template)  # the bytes on disk, re-read, are what gets sent
+    for run_id in dict.fromkeys([*(m.run_id for m in members if m.run_id), *([stored.run_id] if stored else [])]):
+        client.log_artifact(run_id, str(out), "submissions")
+        client.set_tag(run_id, "cxrlt.last_submission", out.name)
+    return frame
+
+
+ENSEMBLE_PREFIX = "ensemble:"
+
+
+def ensemble_weights(client: MlflowClient, models: Sequence[str]) -> StoredEnsemble | None:
+    """The checked weights of ``ensemble:<run id>``, or None for ordinary models (the plain mean).
+
+    The weights were fitted for exactly those members, so an ensemble run cannot be mixed with other models.
+    """
+    named = [m for m in models if m.startswith(ENSEMBLE_PREFIX)]
+    if not named:
+        return None
+    if len(models) != 1:
+        raise EnsembleError(f"{named[0]} brings its own members and weights; give it alone as MODEL")
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_weights(client, named[0].removeprefix(ENSEMBLE_PREFIX), tmp)
+
+
+def validation_concept_thresholds(manifest: Path, root: Path, members: Sequence[Scorer], tta: TTAPredictor | None,
+                                  mode: str) -> ConceptThresholds:  # fmt: skip
+    """Thresholds maximising the mean per-image F1 on the validation split of ``manifest`` (the first member's own
+    data, :func:`run_manifest`).
+
+    The ensemble predicts the validation images exactly as it predicts the test images (same members, same TTA),
+    so the thresholds fit the scores they are applied to. The truth is each image's full concept set (the
+    manifest's ``concepts`` column; the label columns when a manifest has none), so true concepts outside the
+    model's labels count as missed, as the official score counts them.
+    """
+    table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    rows = table[table["split"] == "val"].reset_index(drop=True)
+    if rows.empty:
+        raise SubmissionError(f"{manifest}: no validation rows to choose the concept thresholds on")
+    labels = members[0].labels
+    if "concepts" in rows:
+        sets = [split_concepts(cell) for cell in rows["concepts"]]
+    else:
+        sets = [frozenset(name for name in labels if row[name] == "1") for _, row in rows.iterrows()]
+    truth, missed = truth_matrix(sets, labels)
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], tta)
+    return choose_thresholds(truth, probs, mode, missed)
+
+
+def submit_concepts(client: MlflowClient, models: Sequence[str], out: Path, template_path: Path | None = None,
+                    manifest: Path | None = None, root: Path | None = None, split: str = "test",
+                    tta: str | None = None, mode: str = "per_class"
+                    ) -> tuple[dict[str, tuple[str, ...]], ConceptThresholds]:  # fmt: skip
+    """Predict each test image's concepts, write and log the ImageCLEF run file; returns it and the thresholds.
+
+    The test ids are the template's (any CSV whose first column lists them, e.g. the organisers' test table) or the
+    split's rows of the manifest; every one gets a line, with no concept when none reaches its threshold.
+    """
+    members = [Scorer.load(uri, client) for uri in models]
+    labels = members[0].labels
+    for member in members[1:]:
+        if member.labels != labels:
+            raise SubmissionError(f"ensemble members disagree on concepts: run {member.run_id} predicts other ones")
+    own = run_manifest(client, members[0].run_id)  # its validation split chooses the thresholds
+    manifest, root = own if manifest is None else (manifest, root or manifest.parent)
+    rows = rows_to_predict(
+        manifest, None if template_path else split, read_ids(template_path) if template_path else None
+    )
+    predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
+    chosen = validation_concept_thresholds(*own, members, predictor, mode)
+    log.info("thresholds (%s) on validation: mean per-image F1 %.4f (one global threshold %.3f: %.4f)", mode,
+             chosen.val_f1, chosen.global_threshold, chosen.global_f1)  # fmt: skip
+    log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
+    probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor)
+    ids = rows["image_id"].tolist()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run = write_run(out, dict(zip(ids, predicted_concepts(probs, chosen.thresholds, labels), strict=True)), ids)
+    sidecar = out.with_name(out.name + ".thresholds.json")
+    sidecar.write_text(json.dumps(chosen.to_dict(labels), indent=1) + "\n")
+    for run_id in dict.fromkeys(m.run_id for m in members if m.run_id):
+        client.log_artifact(run_id, str(out), "submissions")
+        client.log_artifact(run_id, str(sidecar), "submissions")
+        client.set_tag(run_id, "cxrlt.last_submission", out.name)
+    return run, chosen
+
+
+def _write_probabilities(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
+    frame = submit(client, models, out, args.template, args.manifest, args.root, args.split, args.tta)
+    return f"wrote {out}: {len(frame)} rows x {frame.shape[1] - 1} classes, validated; logged to the source run(s)"
+
+
+def _write_concepts(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
+    if any(m.startswith(ENSEMBLE_PREFIX) for m in models):
+        raise SubmissionError("ensemble weights (make ensemble) are for probability submissions, not concept tasks")
+    mode = args.thresholds or str(task_setting(args.task, "thresholds", "per_class"))
+    if mode not in MODES:
+        raise SubmissionError(f"thresholds {mode!r} is not one of {sorted(MODES)}")
+    run, chosen = submit_concepts(client, models, out, args.template, args.manifest, args.root, args.split, args.tta,
+                                  mode)  # fmt: skip
+    return (f"wrote {out}: ImageCLEF run file, {len(run)} images, {sum(len(c) for c in run.values())} concepts "
+            f"predicted; {mode} thresholds (validation F1 {chosen.val_f1:.4f}) in {out.name}.thresholds.json; "
+            "logged to the source run(s)")  # fmt: skip
+
+
+#: The task's ``submission_format`` -> what ``make submit`` writes (see the module docstring).
+WRITERS = {"probabilities": _write_probabilities, "concepts": _write_concepts}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="task1")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help=f"repeatable; default models:/cxrlt-<task>@{ALIAS}; or ensemble:<make ensemble run id>",
+    )
+    parser.add_argument("--template", type=Path, default=None, help="the organisers' template CSV")
+    parser.add_argument("--manifest", type=Path, default=None, help="manifest to predict (default: the run's)")
+    parser.add_argument("--root", type=Path, default=None, help="image root of --manifest (default: its folder)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--tta", default=None, help="a configs/tta/<name>.yaml, e.g. default or multicrop")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--thresholds",
+        default=None,
+        choices=sorted(MODES),
+        help="concept tasks: how thresholds are chosen on validation (default: the task's)",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    uri = resolve_tracking_uri()
+    models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
+    out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
+    # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
+    with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
+        message = WRITERS[submission_format(args.task)](tracking_client(uri), models, out, args)
+    log.info("%s", message)
+
+
+if __name__ == "__main__":
+    main()
