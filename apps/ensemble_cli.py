@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 from hydra.utils import instantiate
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
@@ -44,7 +43,8 @@ from evaluation.suite import compute_suite
 from training.config_files import config_file
 from training.errors import user_errors
 from training.runs import ModelNotFound, read_config, resolve_run
-from training.tracking.uri import is_local_store, resolve_tracking_uri, tracking_client
+from training.tracking.tracked_run import TrackedRun, experiment_id
+from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +109,6 @@ def suite_map(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str]) -> 
     return float(compute_suite(targets, np.clip(probs, 0.0, 1.0), labels, n_boot=0).metrics["mAP"])
 
 
-def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = Path(ARTIFACT_ROOT).resolve().as_uri() if is_local_store(uri) else None
-    return client.create_experiment(name, artifact_location=location)
-
-
 def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence[str], weighting: str,
                  experiment: str | None = None) -> tuple[str, dict[str, float], StoredEnsemble]:  # fmt: skip
     """Fit, score and log one ensemble; returns ``(run id, metrics, stored weights)``."""
@@ -138,26 +130,19 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
         metrics[f"ensemble/{split}/mAP_tuned"] = suite_map(targets, combine(probs, weights), labels)
         for k in range(len(run_ids)):
             metrics[f"ensemble/{split}/mAP_member{k}"] = suite_map(targets, probs[k], labels)
-    run = client.create_run(
-        experiment_id(client, experiment or task, uri), run_name=f"ensemble-{weighting}-{len(run_ids)}",
-        tags={KIND_TAG[0]: KIND_TAG[1], "task": task, "cxrlt.ensemble.weighting": weighting},
-    )  # fmt: skip
-    run_id = run.info.run_id
-    stored = StoredEnsemble(run_id, run_ids, labels, weights, weighting)
-    try:
+    experiment_ref = experiment_id(client, experiment or task, uri, ARTIFACT_ROOT)
+    tags = {KIND_TAG[0]: KIND_TAG[1], "task": task, "cxrlt.ensemble.weighting": weighting}
+    with TrackedRun.start(client, experiment_ref, f"ensemble-{weighting}-{len(run_ids)}", tags) as run:
+        run_id = run.run_id
+        stored = StoredEnsemble(run_id, run_ids, labels, weights, weighting)
         params = {"weighting": weighting, "members": " ".join(run_ids), "references": " ".join(references),
                   "n_members": len(run_ids)}  # fmt: skip
-        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-                         metrics=[Metric(k, v, 0, 0) for k, v in metrics.items() if np.isfinite(v)],
-                         tags=[RunTag("cxrlt.ensemble.members", " ".join(run_ids))])  # fmt: skip
+        run.log(params=params, tags={"cxrlt.ensemble.members": " ".join(run_ids)},
+                metrics={k: v for k, v in metrics.items() if np.isfinite(v)})  # fmt: skip
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(WEIGHTS_ARTIFACT).name
             path.write_text(json.dumps(stored.to_json(), indent=1) + "\n")
-            client.log_artifact(run_id, str(path), str(Path(WEIGHTS_ARTIFACT).parent))
-        client.set_terminated(run_id, "FINISHED")
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
+            run.log_artifact(path, str(Path(WEIGHTS_ARTIFACT).parent))
     return run_id, metrics, stored
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
 import hydra
 import torch
@@ -16,32 +14,10 @@ from evaluation.test_phase import run_test_phase
 from training.errors import hydra_user_errors, run_hydra_entry
 from training.pipeline import build_datamodule
 from training.runs import ModelNotFound, UnsafeConfig, load_finished
-from training.tracking.session import log_metric_batch
+from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FinishedRunSink:
-    """Writes into an existing run through a plain client: the :class:`~evaluation.test_phase.RunSink` of a run
-    whose training process is long gone."""
-
-    client: MlflowClient
-    run_id: str
-
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        log_metric_batch(self.client, self.run_id, metrics)
-
-    def log_artifacts(self, folder: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
-
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, value)
 
 
 def evaluate_run(
@@ -60,7 +36,7 @@ def evaluate_run(
     datamodule.prepare_data()
     datamodule.setup("test")
     model = finished.network.cuda() if torch.cuda.is_available() else finished.network
-    sink = FinishedRunSink(client, finished.run_id)
+    sink = TrackedRun(client, finished.run_id)  # the training process is long gone: write through a client
     evaluation, unseen = run_test_phase(model, datamodule, cfg, sink)
     sink.set_tags({"cxrlt.evaluation": OmegaConf.to_yaml(cfg.evaluation, resolve=True)[:5000]})
     return {**evaluation.metrics, **(unseen.metrics if unseen else {})}

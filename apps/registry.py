@@ -35,6 +35,7 @@ from evaluation.metric_registry import SUITE
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
 from training.runs import ModelNotFound, UnsafeConfig
+from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
         scorer = Scorer.load(run_id, client)  # first: an unknown or unfinished run is refused by name
         if full_evaluation:
             ensure_full_evaluation(client, run_id)
-        with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
+        with tempfile.TemporaryDirectory() as tmp, TrackedRun(client, run_id).active():
             info = mlflow.pyfunc.log_model(
                 name="model", python_model=str(PYFUNC_CODE), artifacts=save_artifacts(scorer, Path(tmp)),
                 signature=signature(scorer.labels), input_example=example_request(scorer.image_size), pip_requirements=_requirements(), registered_model_name=name,

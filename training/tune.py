@@ -13,7 +13,9 @@ import optuna
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from training.tracking.session import check_reachable, tracking_uri
+from training.tracking.health import check_reachable
+from training.tracking.session import tracking_uri
+from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
 from training.tuning.objective import Objective
 from training.tuning.report import StudyState, log_best, write_report
@@ -54,7 +56,7 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
         raise
     finally:
         write_report(study, client, parent, metric)
-        client.set_terminated(parent, status)
+        TrackedRun(client, parent).finish(status)
     # One fresh read of the storage for both lines: other workers may still be finishing trials, and a best
     # pieced together from several reads could name one trial with another's value.
     state = StudyState.read(study)

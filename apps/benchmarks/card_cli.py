@@ -43,6 +43,7 @@ from apps.benchmarks.framework.protocol import BadInput
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from training.errors import UserError
 from training.runs import MODEL_URI, resolve_run
+from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 USAGE = "make card MODEL=<run id | models:/<name>/<version> | models:/<name>@<alias>> [CARD=<yaml>] [ARGS=...]"
@@ -127,9 +128,10 @@ def publish(client: MlflowClient, run_id: str, registered: tuple[str, str] | Non
             title: str) -> None:  # fmt: skip
     """``card/card.{md,html,csv}`` in the model's run; the table in the registered version's description."""
     markdown = render_markdown(result, title)
-    client.log_text(run_id, markdown, "card/card.md")
-    client.log_text(run_id, render_html(result, title), "card/card.html")
-    client.log_text(run_id, result.frame().to_csv(index=False), "card/card.csv")
+    run = TrackedRun(client, run_id)
+    run.log_text(markdown, "card/card.md")
+    run.log_text(render_html(result, title), "card/card.html")
+    run.log_text(result.frame().to_csv(index=False), "card/card.csv")
     if registered is None:
         return
     name, version = registered

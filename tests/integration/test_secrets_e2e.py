@@ -9,7 +9,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 from tests.conftest import train_command
-from training.tracking.session import REDACTED
+from training.tracking.redaction import REDACTED
 
 #: Key -> secret, as a user types them (``+foo.authorization="Bearer ..."`` reaches Hydra without the quotes).
 SECRETS = {

@@ -84,7 +84,9 @@ def test_a_cycle_through_a_lazy_import_is_reported(tmp_path):
 
 
 def test_the_core_importing_an_application_is_reported(tmp_path):
-    root = _tree(tmp_path, {"apps/registry.py": "", "evaluation/report.py": "def f():\n    from apps import registry\n"})
+    root = _tree(
+        tmp_path, {"apps/registry.py": "", "evaluation/report.py": "def f():\n    from apps import registry\n"}
+    )
     assert layer_violations(import_graph(root)) == [
         "evaluation.report -> apps.registry: evaluation/ imports nothing from apps/ "
         "(layers, bottom up: evaluation/ < training/ < apps/)"

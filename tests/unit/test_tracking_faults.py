@@ -10,19 +10,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import free_port
-from training.tracking import session as tracking
-from training.tracking.session import (
-    REDACTED,
-    RunLogger,
-    TrackingSession,
-    TrackingUnavailable,
-    check_reachable,
-    config_yaml,
-    flatten,
-    redact,
-    redact_tags,
-    redact_text,
-)
+from training.tracking import health as tracking
+from training.tracking.health import TrackingUnavailable, check_reachable
+from training.tracking.redaction import REDACTED, redact, redact_tags, redact_text
+from training.tracking.run_logger import RunLogger
+from training.tracking.session import TrackingSession, config_yaml, flatten
 
 
 def test_redact_blanks_secret_keys_url_passwords_and_secret_env_values(monkeypatch):

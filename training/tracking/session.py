@@ -18,334 +18,32 @@ A tracking server that goes away (http(s) tracking URIs only; a local SQLite sto
   checkpoints and unsent metrics are kept, and ``resume=<run id>`` once the server is back sends the buffered
   metrics, tests and finishes the same run.
 
-No secret reaches the run: :func:`redact` blanks config values under secret-looking keys (the secret word may sit
-anywhere in the key: ``aws_secret_access_key``, ``authorization``, ``pw``), and :func:`redact_text` blanks
-credentials inside any string (URL passwords, ``Bearer``/``Basic`` credentials, secret ``name=value`` pairs) and
-the value of any secret-looking environment variable, in params, tags and ``config.yaml``. Over-redacting a
-harmless value is preferred to leaking a secret; ``tests/unit/test_tracking_faults.py`` checks that none of the
-platform's own config keys is blanked.
+Secrets are blanked by :mod:`training.tracking.redaction` before anything reaches the run.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import logging
-import os
-import re
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning.pytorch.loggers import MLFlowLogger
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from training.tracking.uri import is_local_store, resolve_tracking_uri, tracking_client
+from training.tracking import health
+from training.tracking.health import TrackingUnavailable, check_reachable, is_remote
+from training.tracking.redaction import redact, redact_tags, redact_text
+from training.tracking.resume import RUN_KEY_TAG, find_resumable, run_key
+from training.tracking.run_logger import UNSENT_FILE, RunLogger, log_metric_batch
+from training.tracking.uri import is_local_store, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
-RUN_KEY_TAG = "cxrlt.run_key"
-UNFINISHED = ("RUNNING", "FAILED", "KILLED", "SCHEDULED")
-#: Word stems that make a key name secret wherever they appear in it (``db_password``, ``clientSecret``,
-#: ``aws_secret_access_key``, ``Proxy-Authorization``). No ordinary word contains them, so they match inside words.
-SECRET_STEMS = ("password", "passwd", "passphrase", "secret", "credential", "authoriz", "cookie", "apikey",
-                "accesskey", "privatekey")  # fmt: skip
-#: Secret only as a whole word of the key (split at ``_ . -``, spaces and camelCase): ``tokenizer``, ``author``,
-#: ``bypass`` and ``sessionless`` are ordinary. A word ending in ``token`` (``accesstoken``) is secret as well.
-SECRET_WORDS = frozenset({"pw", "pwd", "pass", "auth", "creds", "token", "tokens", "session", "sessionid", "jwt"})
-#: ``key`` is secret only after one of these words (``api_key``, ``aws_secret_access_key``, ``ssh.private.key``);
-#: ``cache_key``, ``sort_key`` and ``keypoints`` are ordinary.
-KEY_PREFIXES = frozenset({"access", "api", "private", "secret", "signing", "encryption", "client", "master",
-                          "account", "ssh"})  # fmt: skip
-#: A number under a key that also names a quantity counts or times secrets rather than being one
-#: (``max_tokens``, ``num_reg_tokens``, ``session_timeout``, ``token_ttl``); a string there is still blanked.
-QUANTITY_WORDS = frozenset({"max", "min", "num", "n", "count", "len", "length", "size", "limit", "timeout", "ttl",
-                            "expiry", "expires", "lifetime", "interval", "dim", "retries", "tokens"})  # fmt: skip
-#: Environment variables whose values are secrets (``MLFLOW_TRACKING_PASSWORD``, ``PGPASSWORD``, ``HF_TOKEN``,
-#: ``AWS_SECRET_ACCESS_KEY``). Narrower than config keys on purpose: a value found here is blanked in *all* text,
-#: so ``DESKTOP_SESSION=ubuntu`` or ``PWD`` (the working directory) must not count.
-SECRET_ENV = re.compile(
-    r"(PASSWORD|PASSWD|PASSPHRASE|TOKEN|SECRET|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?|AUTHORIZATION)(_|$)", re.I
-)
-#: ``scheme://user:password@host`` -> ``scheme://user:***@host``.
-URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^@\s/]+(@)")
-#: HTTP credentials in free text: ``Bearer <token>`` (any token) and ``Basic <base64 of user:password>``.
-BEARER = re.compile(r"\b(bearer\s+)[A-Za-z0-9\-._~+/]+=*", re.I)
-BASIC = re.compile(r"\b(basic\s+)([A-Za-z0-9+/]{4,}={0,2})(?![\w+/=])", re.I)
-#: A credential header written out (``Authorization: Token abc``, ``Cookie: sid=...``): its whole value.
-HEADER = re.compile(r"\b((?:proxy-)?authorization|(?:set-)?cookie)(\s*:\s*)[^\r\n'\"]+", re.I)
-#: ``name=value`` (query strings, command lines, connection strings), ``"name": "value"`` (JSON) and
-#: ``name: value`` (YAML): the value is blanked when the name is secret by :func:`is_secret_key`.
-PAIR = re.compile(r"""(?<![\w.\-])([A-Za-z_][\w.\-]*)(\s*=\s*|"\s*:\s*"?|:\s+)([^\s"'&;,)\]}]+)""")
-REDACTED = "***"
-#: Seconds the ``/health`` probe waits: long enough for a busy server, short enough to fail fast.
-HEALTH_TIMEOUT_S = 5.0
-UNSENT_FILE = "unsent_metrics.json"
+
 #: ``make ui``'s address (its default PORT), for the link a local run prints at the end.
 LOCAL_UI = "http://127.0.0.1:5000"
-#: Characters MLflow refuses in metric names (Lightning's ``MLFlowLogger`` strips them the same way).
-METRIC_NAME = re.compile(r"[^a-zA-Z0-9_/. -]+")
-
-
-class TrackingUnavailable(RuntimeError):
-    """The tracking server does not answer; the message names the server, the run (if any) and what to do."""
-
-
-def is_remote(uri: str) -> bool:
-    """Whether ``uri`` is a tracking server (which can go away), not a local store."""
-    return uri.startswith(("http://", "https://"))
-
-
-def server_reachable(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> str | None:
-    """``None`` when ``<uri>/health`` answers 200 within ``timeout``, else why not (for the error message).
-
-    ``/health`` needs no credentials even with basic auth on, so this tells "server gone" apart from "wrong
-    password" (which MLflow's client reports itself, at once, as a 401).
-    """
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
-            return None if response.status == 200 else f"/health answered {response.status}"
-    except urllib.error.HTTPError as error:
-        return f"/health answered {error.code}"
-    except (OSError, ValueError) as error:  # refused, timeout, DNS, malformed URL
-        return str(getattr(error, "reason", error))
-
-
-def check_reachable(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> None:
-    """Fail fast with a clear message when a tracking server ``uri`` does not answer (local stores pass).
-
-    Raises:
-        TrackingUnavailable: the server did not answer its health check within ``timeout`` seconds.
-    """
-    if not is_remote(uri):
-        return
-    reason = server_reachable(uri, timeout)
-    if reason is not None:
-        raise TrackingUnavailable(
-            f"tracking server {redact_text(uri)} is unreachable ({reason}); nothing was logged. Start it "
-            "(`make server`) or point MLFLOW_TRACKING_URI at a running one."
-        )
-
-
-def _secret_env_values() -> list[str]:
-    """Values of secret-looking environment variables (``MLFLOW_TRACKING_PASSWORD``, ``PGPASSWORD``, ...)."""
-    names = (name for name in os.environ if SECRET_ENV.search(name))
-    # Very short values ("1", "true") would blank unrelated text and are no secret anyway.
-    return sorted({os.environ[n] for n in names if len(os.environ[n]) >= 6}, key=len, reverse=True)
-
-
-def _words(name: str) -> list[str]:
-    """``"db.apiKey"`` -> ``["db", "api", "key"]``: how a person reads the name, whatever its spelling style."""
-    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
-    return [word for word in re.split(r"[^a-z0-9]+", name.lower()) if word]
-
-
-def is_secret_key(path: str, value=None) -> bool:
-    """Whether ``value``, found under the key ``path`` (dotted, parents included), must be blanked.
-
-    Secret-looking words are matched anywhere in the path, so a secret's children are secret too
-    (``credentials.user``). The rules err on the side of blanking: a harmless value under an odd name may be
-    hidden, but a secret is never shown because of how its key is spelled. Only values that cannot carry a secret
-    stay: nothing (``None``, ``""``), a boolean, and a number under a quantity word (see ``QUANTITY_WORDS``).
-    """
-    words = _words(path)
-    secret = (
-        any(word in SECRET_WORDS or word.endswith(("token", "tokens")) for word in words)
-        or any(stem in word for word in words for stem in SECRET_STEMS)
-        or any(word in ("key", "keys") and prev in KEY_PREFIXES for prev, word in zip(words, words[1:], strict=False))
-    )
-    if not secret or value is None or value == "" or isinstance(value, bool):
-        return False
-    return not (_is_number(value) and QUANTITY_WORDS.intersection(words))
-
-
-def _is_number(value) -> bool:
-    if isinstance(value, int | float):
-        return True
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _basic(match: re.Match) -> str:
-    """``Basic <b64>`` blanked only when the base64 is ``user:password``, so "Basic augmentation" stays."""
-    try:
-        decoded = base64.b64decode(match.group(2), validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
-        return match.group(0)
-    return match.group(1) + REDACTED if ":" in decoded else match.group(0)
-
-
-def _pair(match: re.Match) -> str:
-    key, sep, value = match.groups()
-    return key + sep + REDACTED if is_secret_key(key, value) else match.group(0)
-
-
-def redact_text(text: str) -> str:
-    """``text`` with every credential it shows replaced by ``***``.
-
-    URL passwords, ``Bearer``/``Basic`` credentials, ``Authorization``/``Cookie`` header values, the value of a
-    secret-named ``name=value`` / ``name: value`` pair (``?token=...``, ``+db.pw=...``) and the values of secret
-    environment variables, so tags and messages built from commands, URLs or errors leak nothing either.
-    """
-    text = URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<2>", text)
-    text = BEARER.sub(rf"\g<1>{REDACTED}", text)
-    text = BASIC.sub(_basic, text)
-    text = HEADER.sub(rf"\g<1>\g<2>{REDACTED}", text)
-    text = PAIR.sub(_pair, text)
-    for value in _secret_env_values():
-        text = text.replace(value, REDACTED)
-    return text
-
-
-def redact(node, key: str = ""):
-    """A plain config tree with every secret blanked: values under secret keys (:func:`is_secret_key`, given the
-    dotted path so a secret node's children count too) and credentials inside any string (:func:`redact_text`)."""
-    if isinstance(node, dict):
-        return {k: redact(v, f"{key}.{k}" if key else str(k)) for k, v in node.items()}
-    if isinstance(node, list):
-        return [redact(v, key) for v in node]
-    if is_secret_key(key, node):
-        return REDACTED
-    return redact_text(node) if isinstance(node, str) else node
-
-
-def redact_tags(tags: dict) -> dict[str, str]:
-    """Run tags as they may be sent: the value of a secret-named tag (``+tags.hub_token=...``) blanked like a
-    config value, and credentials inside any value (:func:`redact_text`), since tags are as public as params."""
-    return {str(k): REDACTED if is_secret_key(str(k), v) else redact_text(str(v)) for k, v in tags.items()}
-
-
-class RunLogger(MLFlowLogger):
-    """An ``MLFlowLogger`` whose run stays open until the pipeline closes it, and outlives a tracking outage.
-
-    Lightning finalises the logger at the end of ``fit`` and again after ``test``; the platform still has to test
-    and upload artifacts after ``fit``, so the terminal status is set once, by :meth:`TrackingSession.close`.
-
-    Epoch metrics that cannot reach a tracking server are kept in :attr:`unsent` (and in :attr:`spool`, so a
-    later ``resume`` can send them) and sent first the next time the server answers.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.unsent: list = []
-        self.spool: Path | None = None
-        self._outage_logged = False
-        #: Some of :attr:`unsent` may have reached the server already: a send failed mid-way (the server stored
-        #: the batch but the answer was lost), or a previous process died between sending and clearing its spool.
-        self._maybe_delivered = False
-        #: ``(key, epoch)`` pairs the run already holds when it is resumed (see :meth:`remember_logged`).
-        self.logged_steps: set[tuple[str, int]] = set()
-
-    def remember_logged(self) -> None:
-        """Note every ``(key, step)`` the resumed run already holds, so no epoch is logged twice.
-
-        Lightning may re-run the end of the epoch a checkpoint was saved in (its validation, hence its metrics)
-        when it resumes from that checkpoint; the run keeps the value it already has.
-        """
-        client, run_id = self.experiment, self.run_id
-        for key in client.get_run(run_id).data.metrics:
-            self.logged_steps.update((key, m.step) for m in client.get_metric_history(run_id, key))
-
-    def finalize(self, status: str = "success") -> None:
-        """Ignore Lightning's per-stage finalisation (see class docstring)."""
-
-    @rank_zero_only
-    def log_metrics(self, metrics, step=None) -> None:
-        """Log with the epoch as MLflow's step; buffer instead while a tracking server is unreachable.
-
-        The platform logs epoch-level metrics only (step-level values would be re-logged after a resume), so the
-        epoch is the natural x axis in the MLflow UI; Lightning's extra ``epoch`` pseudo-metric is dropped.
-        """
-        metrics = dict(metrics)
-        epoch = metrics.pop("epoch", None)
-        step = int(epoch) if epoch is not None else step
-        if self.logged_steps:
-            metrics = {k: v for k, v in metrics.items() if (k, step or 0) not in self.logged_steps}
-            if not metrics:
-                return
-        if not is_remote(self._tracking_uri or ""):
-            super().log_metrics(metrics, step)
-            return
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        self.unsent.extend(
-            Metric(METRIC_NAME.sub("", k), float(v), now, step or 0)
-            for k, v in metrics.items()
-            if not isinstance(v, str)
-        )  # the same filtering as MLFlowLogger.log_metrics
-        self.flush()
-
-    def flush(self) -> bool:
-        """Send the buffered metrics if the server answers; returns whether nothing is left unsent.
-
-        A failed send is retried at the next call; the buffer is mirrored to :attr:`spool` whenever it is not
-        empty, so even a process killed during the outage leaves its metrics for ``resume``. Sending is
-        idempotent: after a failed attempt, values the server already holds (same key, step and timestamp; a
-        buffered value keeps its original timestamp) are dropped first, so no epoch is logged twice.
-        """
-        if not self.unsent:
-            return True
-        reason = server_reachable(self._tracking_uri)
-        if reason is None:
-            try:
-                if self._maybe_delivered:
-                    self._drop_delivered()
-                send_metrics(self.experiment, self.run_id, self.unsent)
-                self._maybe_delivered = False
-            except Exception as error:  # noqa: BLE001 - the server went away between the probe and the send
-                self._maybe_delivered = True
-                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if reason is None:
-            if self._outage_logged:
-                log.warning("tracking server back: sent %d buffered metric values of run %s", len(self.unsent),
-                            self._run_id)  # fmt: skip
-            self.unsent.clear()
-            self._outage_logged = False
-            if self.spool is not None:
-                self.spool.unlink(missing_ok=True)
-            return True
-        if not self._outage_logged:
-            log.warning("tracking server %s unreachable (%s): buffering the metrics of run %s; training goes on",
-                        redact_text(self._tracking_uri), reason, self._run_id)  # fmt: skip
-            self._outage_logged = True
-        self.save_unsent()
-        return False
-
-    def _drop_delivered(self) -> None:
-        keys = {m.key for m in self.unsent}
-        held = {(m.key, m.step, m.timestamp) for k in keys for m in self.experiment.get_metric_history(self.run_id, k)}
-        self.unsent = [m for m in self.unsent if (m.key, m.step, m.timestamp) not in held]
-
-    def save_unsent(self) -> None:
-        """Mirror the buffer to :attr:`spool` (written whole, then renamed, so it is never half a file)."""
-        if self.spool is None:
-            return
-        self.spool.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.spool.with_suffix(".tmp")
-        tmp.write_text(json.dumps([[m.key, m.value, m.timestamp, m.step] for m in self.unsent]))
-        tmp.replace(self.spool)
-
-    def load_unsent(self) -> int:
-        """Put a previous process's unsent metrics (from :attr:`spool`) back in the buffer; returns how many."""
-        if self.spool is None or not self.spool.is_file():
-            return 0
-        from mlflow.entities import Metric
-
-        loaded = [Metric(k, float(v), int(t), int(s)) for k, v, t, s in json.loads(self.spool.read_text())]
-        self.unsent[:0] = loaded
-        self._maybe_delivered = True  # the previous process may have sent some before it died
-        return len(loaded)
 
 
 @dataclass
@@ -383,7 +81,7 @@ class TrackingSession:
         if self.lost is not None:
             raise self.lost
         deadline = time.monotonic() + self.reconnect_timeout
-        reason = server_reachable(self.uri)
+        reason = health.server_reachable(self.uri)
         if reason is not None:
             log.warning("tracking server %s unreachable (%s); waiting up to %.0fs for it", redact_text(self.uri),
                         reason, self.reconnect_timeout)  # fmt: skip
@@ -398,7 +96,7 @@ class TrackingSession:
                 )
                 raise self.lost
             time.sleep(min(5.0, max(0.5, self.reconnect_timeout / 20)))
-            reason = server_reachable(self.uri)
+            reason = health.server_reachable(self.uri)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.await_server()
@@ -450,20 +148,6 @@ class TrackingSession:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
 
 
-def log_metric_batch(client, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    """``log_batch`` in chunks of MLflow's 1,000-metric limit, one timestamp for all."""
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    send_metrics(client, run_id, [Metric(key, float(value), now, step) for key, value in metrics.items()])
-
-
-def send_metrics(client, run_id: str, items: list) -> None:
-    """``log_batch`` of MLflow ``Metric`` entities in chunks of MLflow's 1,000-metric limit."""
-    for start in range(0, len(items), 1000):
-        client.log_batch(run_id, metrics=items[start : start + 1000])
-
-
 def reconnect_timeout(cfg: DictConfig) -> float:
     """Seconds to wait for a vanished tracking server before the post-fit steps give up."""
     return float(cfg.tracking.get("reconnect_timeout", 300))
@@ -472,15 +156,6 @@ def reconnect_timeout(cfg: DictConfig) -> float:
 def tracking_uri(cfg: DictConfig) -> str:
     """The store a training config points at (:func:`training.tracking.uri.resolve_tracking_uri` decides)."""
     return resolve_tracking_uri(cfg.tracking.get("uri"))
-
-
-def run_key(cfg: DictConfig) -> str:
-    """Hash of the resolved config without the resume switch: the identity a restart must match to resume."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    plain.pop("resume", None)
-    plain.get("tracking", {}).pop("reconnect_timeout", None)  # how long to wait for a server is not identity
-    plain.get("tracking", {}).pop("system_metrics", None)  # nor whether the machine's load is sampled
-    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def git_commit() -> str:
@@ -516,27 +191,6 @@ def config_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))))
 
 
-def _find_resumable(uri: str, experiment_name: str, key: str, checkpoint_root: Path) -> tuple[str, Path] | None:
-    """Most recent unfinished run with the same run key that left a ``last.ckpt`` behind.
-
-    Uses a plain ``MlflowClient``: touching ``MLFlowLogger.experiment`` would create an empty run.
-    """
-    client = tracking_client(uri)
-    experiment = client.get_experiment_by_name(experiment_name)
-    if experiment is None:
-        return None
-    runs = client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
-        order_by=["attributes.start_time DESC"],
-    )
-    for run in runs:
-        last = checkpoint_root / run.info.run_id / "last.ckpt"
-        if run.info.status in UNFINISHED and last.is_file():
-            return run.info.run_id, last
-    return None
-
-
 def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     """Create the run (or reopen the one to resume), tag it and log the resolved config.
 
@@ -555,7 +209,7 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     key = run_key(cfg)
     found = None
     if cfg.resume is True:
-        found = _find_resumable(uri, cfg.tracking.experiment, key, checkpoint_root)
+        found = find_resumable(uri, cfg.tracking.experiment, key, checkpoint_root)
         if found is None:
             log.warning("resume=true but no unfinished run of this config has a checkpoint; starting a new run")
     elif cfg.resume:

@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 from optuna_integration import PyTorchLightningPruningCallback
 
 from training.pipeline import error_status, run_training
-from training.tracking.session import redact_text, tracking_uri
+from training.tracking.redaction import redact_text
+from training.tracking.session import tracking_uri
 from training.tracking.uri import tracking_client
 from training.tuning.space import SearchSpace, to_overrides
 

@@ -35,7 +35,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from training.tracking.session import send_metrics
+from training.tracking.run_logger import send_metrics
 from training.tuning.objective import RUN_ATTR, is_surplus
 from training.tuning.plots import write_plots_page
 

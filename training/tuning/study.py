@@ -39,8 +39,11 @@ from mlflow import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 from sqlalchemy.exc import SQLAlchemyError
 
-from training.tracking.session import git_commit, redact_text, tracking_uri
-from training.tracking.uri import is_local_store, tracking_client
+from training.tracking.redaction import redact_text
+from training.tracking.session import git_commit, tracking_uri
+from training.tracking.tracked_run import TrackedRun
+from training.tracking.tracked_run import experiment_id as get_or_create_experiment
+from training.tracking.uri import tracking_client
 from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
 
 log = logging.getLogger(__name__)
@@ -83,9 +86,9 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
         run_id = trial.user_attrs.get(RUN_ATTR)
         log.warning("trial %d stopped beating (worker gone); marked FAIL and queued again", trial.number)
         if run_id:
-            client = tracking_client(uri)
-            client.set_tag(run_id, STATE_TAG, "FAIL")
-            client.set_terminated(run_id, "KILLED")
+            ghost = TrackedRun(tracking_client(uri), run_id)
+            ghost.set_tags({STATE_TAG: "FAIL"})
+            ghost.finish("KILLED")
         retry(study, trial)
 
     # Workers started together on a fresh database race to create its tables; the loser sees "table already
@@ -139,15 +142,7 @@ def _sampler(cfg: DictConfig, existing: int) -> optuna.samplers.BaseSampler:
 
 def experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
     """The task's experiment, created like a training run would (artifacts under ``mlruns/artifacts``)."""
-    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
-    if experiment is not None:
-        return experiment.experiment_id
-    uri = tracking_uri(cfg)
-    location = Path(cfg.tracking.artifact_root).resolve().as_uri() if is_local_store(uri) else None
-    try:
-        return client.create_experiment(cfg.tracking.experiment, artifact_location=location)
-    except Exception:  # created meanwhile by another worker
-        return client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    return get_or_create_experiment(client, cfg.tracking.experiment, tracking_uri(cfg), cfg.tracking.artifact_root)
 
 
 def await_parent(study: optuna.Study, created: bool, wait_s: float = 120.0) -> str | None:
@@ -171,12 +166,12 @@ def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client:
     if run_id is None:
         tags = {KIND_TAG: STUDY_KIND, STUDY_TAG: study.study_name, "task": str(cfg.task.name),
                 "optuna.storage": redacted(str(cfg.tune.storage)), "mlflow.source.git.commit": git_commit()}  # fmt: skip
-        run = client.create_run(experiment_id(client, cfg), run_name=f"study-{study.study_name}", tags=tags)
-        run_id = run.info.run_id
+        run = TrackedRun.start(client, experiment_id(client, cfg), f"study-{study.study_name}", tags)
+        run_id = run.run_id
         study.set_user_attr(PARENT_ATTR, run_id)
         settings = {k: cfg.tune[k] for k in ("metric", "direction", "seed")}
-        client.log_text(run_id, OmegaConf.to_yaml({**settings, "search": cfg.hparams_search, "pruner": cfg.pruner,
-                                                    "sampler": cfg.tune.sampler}, resolve=True), "study.yaml")  # fmt: skip
+        run.log_text(OmegaConf.to_yaml({**settings, "search": cfg.hparams_search, "pruner": cfg.pruner,
+                                        "sampler": cfg.tune.sampler}, resolve=True), "study.yaml")  # fmt: skip
         log.info("study %s: parent run %s", study.study_name, run_id)
     else:
         client.update_run(run_id, status="RUNNING")

@@ -14,27 +14,19 @@ import tempfile
 from pathlib import Path
 
 from mlflow import MlflowClient
-from mlflow.entities import Param
 
 from apps.benchmarks.framework.models import model_kind
 from apps.benchmarks.framework.protocol import Extras
 from apps.benchmarks.framework.runner import BenchmarkResult
 from training.tracking.run_context import EXPERIMENT_KIND
-from training.tracking.session import git_commit, log_metric_batch
-from training.tracking.uri import is_local_store
+from training.tracking.session import git_commit
+from training.tracking.tracked_run import TrackedRun
+from training.tracking.tracked_run import experiment_id as get_or_create_experiment
 
 
 def experiment_id(client: MlflowClient, name: str, uri: str, artifact_root: str) -> str:
-    """The experiment's id, creating it with artifacts under ``artifact_root`` when the store is local.
-
-    Same rule as training (``training.tracking.session``): a local store keeps artifacts in
-    ``mlruns/artifacts``; a tracking server decides for itself.
-    """
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = Path(artifact_root).resolve().as_uri() if is_local_store(uri) else None
-    return client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+    """The experiment's id, created like a training run's (artifacts under ``artifact_root`` on a local store)."""
+    return get_or_create_experiment(client, name, uri, artifact_root, tags=dict([EXPERIMENT_KIND]))
 
 
 def zero_shot_kind(result: BenchmarkResult) -> str:
@@ -87,11 +79,8 @@ def log_run(client: MlflowClient, experiment: str, result: BenchmarkResult, mode
             report: str) -> str:  # fmt: skip
     """Log ``result`` as one finished run of ``experiment``; returns the run id."""
     run_name = f"{result.protocol.name}-{result.draw.version}-{model}"[:250]
-    run_id = client.create_run(experiment, run_name=run_name, tags=run_tags(result, model)).info.run_id
-    params = run_params(result, model, data_root)
-    try:
-        client.log_batch(run_id, params=[Param(key, str(value)[:6000]) for key, value in params.items()])
-        log_metric_batch(client, run_id, result.metrics())
+    with TrackedRun.start(client, experiment, run_name, run_tags(result, model)) as run:
+        run.log(params=run_params(result, model, data_root), metrics=result.metrics())
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             (folder / "subsets").mkdir()
@@ -101,9 +90,5 @@ def log_run(client: MlflowClient, experiment: str, result: BenchmarkResult, mode
             for name, subset in result.draw.subsets.items():
                 subset.table.to_csv(folder / "subsets" / f"{name}.csv", index=False)
             write_extras(result.extras, folder)
-            client.log_artifacts(run_id, str(folder))
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+            run.log_artifacts(folder)
+    return run.run_id
