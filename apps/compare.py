@@ -7,6 +7,7 @@ runs back from MLflow, so the table can be rebuilt any time from the tracking st
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,12 +47,12 @@ def grid_table(client: MlflowClient, experiment: str, grid: str, by: str) -> pd.
     return pd.DataFrame(rows).sort_values(by)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", required=True)
     parser.add_argument("--grid", required=True, help="the cxrlt.grid tag of the runs")
     parser.add_argument("--by", default="loss.name", help="param to group rows by (default loss.name)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     client = tracking_client()
     table = grid_table(client, args.experiment, args.grid, args.by)
     print(f"\ngrid {args.grid} in experiment {args.experiment}: mean ± std over seeds\n")

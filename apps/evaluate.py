@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation.report import summary_lines
 from evaluation.test_phase import run_test_phase
+from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
 from training.pipeline import build_datamodule
 from training.runs import ModelNotFound, UnsafeConfig, load_finished
@@ -42,7 +43,7 @@ def evaluate_run(
     return {**evaluation.metrics, **(unseen.metrics if unseen else {})}
 
 
-@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="evaluate", version_base="1.3")
 @hydra_user_errors(UnsafeConfig, ModelNotFound)  # a refused stored config or an unknown run: the message says all
 def main(cfg: DictConfig) -> None:
     client = tracking_client(resolve_tracking_uri(cfg.get("tracking_uri")))

@@ -12,12 +12,13 @@ import hydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from training.config_files import CONFIGS
 from training.data.check import check_dataset
 from training.data.sources import manifest_vocabulary, task_labels
 from training.errors import hydra_user_errors, run_hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="data_tools", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="data_tools", version_base="1.3")
 @hydra_user_errors()
 def main(cfg: DictConfig) -> None:
     source = instantiate(cfg.data.source)

@@ -8,10 +8,11 @@ shows the traceback (:mod:`training.errors`).
 import hydra
 from omegaconf import DictConfig
 
+from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
 
 
-@hydra.main(config_path="../configs", config_name="train", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="train", version_base="1.3")
 @hydra_user_errors()
 def main(cfg: DictConfig) -> None:
     # Imported here, not at the top: a mistyped command line is then answered before torch and Lightning load.

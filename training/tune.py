@@ -13,6 +13,7 @@ import optuna
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from training.config_files import CONFIGS
 from training.tracking.health import check_reachable
 from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
@@ -69,7 +70,7 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     return study
 
 
-@hydra.main(config_path="../configs", config_name="tune", version_base="1.3")
+@hydra.main(config_path=str(CONFIGS), config_name="tune", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     overrides = list(HydraConfig.get().overrides.task)
     run_study(cfg, overrides, lambda extra: hydra.compose(config_name="tune", overrides=extra))

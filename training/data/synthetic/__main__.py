@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 
 from training.data.synthetic.generate import format_table, generate
 
 
-def main(argv=None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Generate the SYNTHETIC chest X-ray set.")
     parser.add_argument("--out", required=True)
     parser.add_argument("--n-train", type=int, default=6000)
