@@ -58,6 +58,7 @@ from training.config_files import config_file
 from training.data.images import read_grayscale
 from training.errors import user_errors
 from training.runs import ModelNotFound, UnsafeConfig, read_config
+from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,9 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
     frame.to_csv(out, index=False, float_format="%.6f")
     validate_file(out, template)  # the bytes on disk, re-read, are what gets sent
     for run_id in dict.fromkeys([*(m.run_id for m in members if m.run_id), *([stored.run_id] if stored else [])]):
-        client.log_artifact(run_id, str(out), "submissions")
-        client.set_tag(run_id, "cxrlt.last_submission", out.name)
+        run = TrackedRun(client, run_id)
+        run.log_artifact(out, "submissions")
+        run.set_tags({"cxrlt.last_submission": out.name})
     return frame
 
 
@@ -215,9 +217,10 @@ def submit_concepts(client: MlflowClient, models: Sequence[str], out: Path, temp
     sidecar = out.with_name(out.name + ".thresholds.json")
     sidecar.write_text(json.dumps(chosen.to_dict(labels), indent=1) + "\n")
     for run_id in dict.fromkeys(m.run_id for m in members if m.run_id):
-        client.log_artifact(run_id, str(out), "submissions")
-        client.log_artifact(run_id, str(sidecar), "submissions")
-        client.set_tag(run_id, "cxrlt.last_submission", out.name)
+        source = TrackedRun(client, run_id)
+        source.log_artifact(out, "submissions")
+        source.log_artifact(sidecar, "submissions")
+        source.set_tags({"cxrlt.last_submission": out.name})
     return run, chosen
 
 

@@ -31,6 +31,7 @@ from optuna_integration import PyTorchLightningPruningCallback
 from training.pipeline import error_status, run_training
 from training.tracking.redaction import redact_text
 from training.tracking.session import tracking_uri
+from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
 from training.tuning.space import SearchSpace, to_overrides
 
@@ -179,8 +180,7 @@ class Objective:
         run_id = recorder.run_id or self._find_run(client, cfg, recorder.trial.number)
         if run_id is None:  # failed before a run existed (e.g. a data error): nothing to tag
             return
-        for key, value in {STATE_TAG: state, **tags}.items():
-            client.set_tag(run_id, key, value)
+        TrackedRun(client, run_id).set_tags({STATE_TAG: state, **tags})
 
     def _find_run(self, client: MlflowClient, cfg: DictConfig, number: int) -> str | None:
         experiment = client.get_experiment_by_name(cfg.tracking.experiment)

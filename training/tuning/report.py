@@ -36,6 +36,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from training.tracking.run_logger import send_metrics
+from training.tracking.tracked_run import TrackedRun
 from training.tuning.objective import RUN_ATTR, is_surplus
 from training.tuning.plots import write_plots_page
 
@@ -205,5 +206,5 @@ def write_report(study: optuna.Study, client: MlflowClient, run_id: str, metric:
                        "best_mlflow_run_id": best.user_attrs.get(RUN_ATTR), "states": state.counts()}  # fmt: skip
             (folder / "best.json").write_text(json.dumps(summary, indent=1, default=str))
         written = write_plots_page(study, folder / "plots.html")
-        client.log_artifacts(run_id, str(folder))
+        TrackedRun(client, run_id).log_artifacts(folder)
     return written
