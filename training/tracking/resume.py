@@ -1,7 +1,7 @@
 """Which unfinished run a training resumes: the one recorded under the same config key, with a checkpoint left.
 
-A run is keyed by its resolved config (:func:`run_key`), so ``resume=true`` finds the killed run of *this* config
-and never continues a run trained under another one.
+A run is keyed by its resolved config (:func:`run_key`), so ``resume=true`` looks only among the runs of *this*
+config (``resume=<run id>`` names its run directly and is handled by the session).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from omegaconf import DictConfig, OmegaConf
 from training.tracking.uri import tracking_client
 
 RUN_KEY_TAG = "cxrlt.run_key"
-
-
 UNFINISHED = ("RUNNING", "FAILED", "KILLED", "SCHEDULED")
 
 
