@@ -43,7 +43,7 @@ from evaluation.suite import compute_suite
 from training.config_files import config_file
 from training.errors import user_errors
 from training.runs import ModelNotFound, read_config, resolve_run
-from training.tracking.tracked_run import TrackedRun, experiment_id
+from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
         metrics[f"ensemble/{split}/mAP_tuned"] = suite_map(targets, combine(probs, weights), labels)
         for k in range(len(run_ids)):
             metrics[f"ensemble/{split}/mAP_member{k}"] = suite_map(targets, probs[k], labels)
-    experiment_ref = experiment_id(client, experiment or task, uri, ARTIFACT_ROOT)
+    experiment_ref = ensure_experiment(client, experiment or task, uri, ARTIFACT_ROOT)
     tags = {KIND_TAG[0]: KIND_TAG[1], "task": task, "cxrlt.ensemble.weighting": weighting}
     with TrackedRun.start(client, experiment_ref, f"ensemble-{weighting}-{len(run_ids)}", tags) as run:
         run_id = run.run_id

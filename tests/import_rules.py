@@ -17,7 +17,6 @@ from pathlib import Path
 
 #: The layers, bottom up: a module may import its own layer and those before it in this tuple.
 LAYERS = ("evaluation", "training", "apps")
-PACKAGES = LAYERS
 BENCHMARKS = "apps.benchmarks"
 FRAMEWORK = "apps.benchmarks.framework"
 
@@ -57,8 +56,8 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """``{module: project modules it imports}`` for every module of :data:`PACKAGES` under ``root``."""
-    files = {module_name(root, path): path for package in PACKAGES for path in (root / package).rglob("*.py")}
+    """``{module: project modules it imports}`` for every module of :data:`LAYERS` under ``root``."""
+    files = {module_name(root, path): path for package in LAYERS for path in (root / package).rglob("*.py")}
     known = set(files)
     return {name: imports_of(path, name, known) for name, path in sorted(files.items())}
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from training.tracking.redaction import REDACTED
-from training.tracking.tracked_run import TrackedRun, experiment_id
+from training.tracking.tracked_run import TrackedRun, ensure_experiment
 
 
 class RecordingClient:
@@ -75,13 +75,13 @@ def test_an_experiment_created_meanwhile_by_another_worker_is_used_not_an_error(
         raise RuntimeError("RESOURCE_ALREADY_EXISTS")
 
     client.create_experiment = lose_the_race
-    assert experiment_id(client, "task1", "sqlite:///x.db", tmp_path) == "7"
+    assert ensure_experiment(client, "task1", "sqlite:///x.db", tmp_path) == "7"
 
 
 def test_an_experiment_is_created_with_its_artifacts_under_the_root_on_a_local_store_only(tmp_path):
     calls = []
     client = RecordingClient()
     client.create_experiment = lambda name, artifact_location=None, tags=None: calls.append(artifact_location) or "3"
-    experiment_id(client, "a", "sqlite:///mlruns/mlflow.db", tmp_path / "artifacts")
-    experiment_id(client, "b", "http://server:5000", tmp_path / "artifacts")
+    ensure_experiment(client, "a", "sqlite:///mlruns/mlflow.db", tmp_path / "artifacts")
+    ensure_experiment(client, "b", "http://server:5000", tmp_path / "artifacts")
     assert calls == [(tmp_path / "artifacts").resolve().as_uri(), None]

@@ -23,7 +23,9 @@ from training.tracking.uri import is_local_store
 PARAM_LIMIT = 6000
 
 
-def experiment_id(client, name: str, uri: str, artifact_root: str | Path, tags: Mapping[str, str] | None = None) -> str:
+def ensure_experiment(
+    client, name: str, uri: str, artifact_root: str | Path, tags: Mapping[str, str] | None = None
+) -> str:
     """The experiment's id, creating it when missing: artifacts under ``artifact_root`` on a local store (the
     project keeps them in ``mlruns/artifacts``), the server's choice otherwise.
 

@@ -41,8 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from training.tracking.redaction import redact_text
 from training.tracking.session import git_commit, tracking_uri
-from training.tracking.tracked_run import TrackedRun
-from training.tracking.tracked_run import experiment_id as get_or_create_experiment
+from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import tracking_client
 from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
 
@@ -142,7 +141,7 @@ def _sampler(cfg: DictConfig, existing: int) -> optuna.samplers.BaseSampler:
 
 def experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
     """The task's experiment, created like a training run would (artifacts under ``mlruns/artifacts``)."""
-    return get_or_create_experiment(client, cfg.tracking.experiment, tracking_uri(cfg), cfg.tracking.artifact_root)
+    return ensure_experiment(client, cfg.tracking.experiment, tracking_uri(cfg), cfg.tracking.artifact_root)
 
 
 def await_parent(study: optuna.Study, created: bool, wait_s: float = 120.0) -> str | None:

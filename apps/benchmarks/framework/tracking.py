@@ -20,13 +20,12 @@ from apps.benchmarks.framework.protocol import Extras
 from apps.benchmarks.framework.runner import BenchmarkResult
 from training.tracking.run_context import EXPERIMENT_KIND
 from training.tracking.session import git_commit
-from training.tracking.tracked_run import TrackedRun
-from training.tracking.tracked_run import experiment_id as get_or_create_experiment
+from training.tracking.tracked_run import TrackedRun, ensure_experiment
 
 
 def experiment_id(client: MlflowClient, name: str, uri: str, artifact_root: str) -> str:
     """The experiment's id, created like a training run's (artifacts under ``artifact_root`` on a local store)."""
-    return get_or_create_experiment(client, name, uri, artifact_root, tags=dict([EXPERIMENT_KIND]))
+    return ensure_experiment(client, name, uri, artifact_root, tags=dict([EXPERIMENT_KIND]))
 
 
 def zero_shot_kind(result: BenchmarkResult) -> str:
