@@ -14,7 +14,8 @@ from evaluation.test_phase import run_test_phase
 from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
 from training.pipeline import build_datamodule
-from training.runs import ModelNotFound, UnsafeConfig, load_finished
+from training.runs import ModelNotFound, load_finished
+from training.targets import UnsafeConfig
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 

@@ -34,7 +34,8 @@ from apps.serving import Scorer, example_request, save_artifacts, signature
 from evaluation.metric_registry import SUITE
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
-from training.runs import ModelNotFound, UnsafeConfig
+from training.runs import ModelNotFound
+from training.targets import UnsafeConfig
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 

@@ -57,7 +57,8 @@ from evaluation.tta import TTAPredictor
 from training.config_files import config_file
 from training.data.images import read_grayscale
 from training.errors import user_errors
-from training.runs import ModelNotFound, UnsafeConfig, read_config
+from training.runs import ModelNotFound, read_config
+from training.targets import UnsafeConfig
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 

@@ -10,8 +10,8 @@ of them rebuilt that on its own, and they drifted. A model is named as
 - ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run.
 
 Everything read back from a run is untrusted: the checkpoint is loaded with ``weights_only=True`` (data, never
-code), and the stored ``config.yaml`` may only name classes of this project or the library classes the project's
-own ``configs/`` use (:func:`check_targets`) before anything is built from it (docs/architecture.md, "Finished
+code), and the stored ``config.yaml`` (or a registered model's ``spec.json``) may only name what the project's
+own ``configs/`` name (:mod:`training.targets`) before anything is built from it (docs/architecture.md, "Finished
 runs").
 """
 
@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -34,28 +32,22 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from evaluation.thresholds import select_thresholds
-from training.config_files import CONFIGS
 from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
 from training.errors import UserError
 from training.models.factory import build_model
 from training.models.module import MultiLabelClassifier
+from training.targets import check_targets
 from training.tracking.uri import tracking_client
 
 CONFIG = "config.yaml"
 CHECKPOINT = "checkpoints/best.ckpt"
 VAL_PREDICTIONS = "predictions/val.csv"
-#: Packages whose classes a stored config may name: this project's own.
-PROJECT_PACKAGES = ("training.", "evaluation.")
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 
 
 class ModelNotFound(UserError, LookupError):
     """The named run, model version or one of its artifacts does not exist in the tracking store."""
-
-
-class UnsafeConfig(UserError, ValueError):
-    """A config read back from a run names a class that this project does not allow to be built from it."""
 
 
 class RunNotFinished(UserError, ValueError):
@@ -141,8 +133,8 @@ class FinishedModel:
     @classmethod
     def from_spec(cls, spec: dict, state_dict: dict) -> FinishedModel:
         """Rebuild from a registered model's spec and weights, with no tracking store at hand (the served model)."""
+        check_targets(spec, "spec.json")
         adapter = spec.get("adapter_cfg") or None
-        check_targets(adapter or {}, "spec.json")
         unseen = list(spec.get("unseen") or []) if adapter else []
         network = _network(spec["model_cfg"], spec["loss_cfg"], spec["labels"], adapter, unseen)
         network.load_state_dict(state_dict)
@@ -242,40 +234,3 @@ def validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], 
         return None
     targets = frame[[f"true/{name}" for name in labels]].to_numpy(dtype=float)  # (N, C), -1 = not labelled
     return [float(t) for t in select_thresholds(targets, frame[labels].to_numpy(dtype=float))]
-
-
-def _targets(node, path: str = "") -> Iterator[tuple[str, str]]:
-    """Every ``(location, _target_)`` in a plain config tree."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            where = f"{path}.{key}" if path else str(key)
-            if key == "_target_":
-                yield where, str(value)
-            else:
-                yield from _targets(value, where)
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _targets(value, f"{path}[{index}]")
-
-
-@cache
-def library_targets() -> frozenset[str]:
-    """The library classes this project's own ``configs/`` name (albumentations transforms, Optuna pruners...)."""
-    found = set()
-    for path in CONFIGS.rglob("*.yaml"):
-        found.update(target for _, target in _targets(OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
-    return frozenset(target for target in found if not target.startswith(PROJECT_PACKAGES))
-
-
-def check_targets(tree, source: str) -> None:
-    """Refuse, by name and before anything is instantiated, a ``_target_`` this project would not build.
-
-    Allowed: classes of this project's packages and the library classes its own ``configs/`` name. A config
-    read back from a run could otherwise make ``make evaluate`` call ``torch.load`` or ``shutil.copy``.
-    """
-    for where, target in _targets(tree):
-        if not target.startswith(PROJECT_PACKAGES) and target not in library_targets():
-            raise UnsafeConfig(
-                f"{source}: {where} = {target!r} is neither a class of this project nor one its configs use; "
-                "refusing to build it"
-            )

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from training.models.factory import UnsafeTarget, build_model
-from training.runs import FinishedModel, ModelNotFound, UnsafeConfig, check_targets, load_finished, parse_reference
+from training.runs import FinishedModel, ModelNotFound, load_finished, parse_reference
+from training.targets import UnsafeConfig, check_targets
 from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
 
 MODEL_CFG = {"backbone": "resnet18", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}
@@ -42,15 +43,18 @@ def test_a_stored_config_naming_code_outside_the_project_is_refused(target):
         check_targets(stored, "run r config.yaml")
 
 
-def test_project_classes_and_the_library_classes_of_our_configs_are_accepted():
+def test_the_classes_our_configs_name_are_accepted_and_other_project_names_are_not():
     stored = {"loss": {"_target_": "training.losses.asl.AsymmetricLoss"},
               "evaluation": {"postprocess": [{"_target_": "evaluation.postprocess.NormalGating"}]},
               "augment": {"train": [{"_target_": "albumentations.RandomGamma"}]}}  # fmt: skip
     check_targets(stored, "config")  # nothing raised, and the refusal above shows the check is live
+    # A project module's own name is not enough: the configs never name this function, so it is not built.
+    with pytest.raises(UnsafeConfig, match="'training.runs.load_finished' is not a class or function"):
+        check_targets({"data": {"source": {"_target_": "training.runs.load_finished"}}}, "config")
 
 
 def test_the_factory_builds_adapters_of_this_project_only():
-    with pytest.raises(UnsafeTarget, match="os.system"):
+    with pytest.raises(UnsafeConfig, match="adapter._target_ = 'os.system' is not"):
         build_model(MODEL_CFG, LOSS_CFG, ["Mass"], adapter_cfg={"_target_": "os.system"})
     with pytest.raises(UnsafeTarget, match="not a MultiLabelClassifier"):
         build_model(MODEL_CFG, LOSS_CFG, ["Mass"], adapter_cfg={"_target_": "training.stages.FromScratch"})

@@ -7,8 +7,9 @@ the run, so the network that is served is the network that was trained.
 Which class: the plain :class:`~training.models.module.MultiLabelClassifier`, the zero-shot adapter that
 ``configs/adapter/<name>.yaml`` names by ``_target_``, or a network of another shape that the model config names as
 ``model.module`` (the view-routed model of docs/recipes.md); each is a ``MultiLabelClassifier`` subclass. These
-configs may come from a stored run, which anyone with write access to the tracking server can edit, so only
-classes of this project's ``training.`` package are accepted (docs/architecture.md, "Finished runs").
+configs may come from a stored run, which anyone with write access to the tracking server can edit, so only the
+classes the project's own configs name are imported (:mod:`training.targets`), and only a ``MultiLabelClassifier``
+among them is built (docs/architecture.md, "Finished runs").
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from training.models.module import MultiLabelClassifier
+from training.targets import UnsafeConfig, check_target
 
-ADAPTER_PACKAGE = "training."
 
-
-class UnsafeTarget(ValueError):
-    """A config names a class outside what the project allows to be built from it."""
+class UnsafeTarget(UnsafeConfig):
+    """A config names an allowed class that is not a network (an adapter or ``model.module`` must be one)."""
 
 
 def adapter_class(adapter_cfg: Mapping) -> type[MultiLabelClassifier]:
@@ -34,8 +34,7 @@ def adapter_class(adapter_cfg: Mapping) -> type[MultiLabelClassifier]:
 
 def checked_class(target: str, where: str) -> type[MultiLabelClassifier]:
     """The class ``target`` names, refusing anything that is not a ``MultiLabelClassifier`` of this project."""
-    if not target.startswith(ADAPTER_PACKAGE):
-        raise UnsafeTarget(f"{where} {target!r} is not a class of this project's training package")
+    check_target(target, where, "model config")
     cls = get_class(target)
     if not (isinstance(cls, type) and issubclass(cls, MultiLabelClassifier)):
         raise UnsafeTarget(f"{where} {target!r} is not a MultiLabelClassifier")

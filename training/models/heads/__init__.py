@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from hydra.utils import get_class
 from torch import nn
 
-HEAD_PACKAGE = "training.models.heads."
+from training.targets import UnsafeConfig, check_target
 
 
-class UnsafeHead(ValueError):
-    """``model.head._target_`` names a class outside this package (configs read back from runs are untrusted)."""
+class UnsafeHead(UnsafeConfig):
+    """``model.head._target_`` names an allowed class that is not a torch module (configs read back are untrusted)."""
 
 
 def build_head(
@@ -34,8 +34,7 @@ def build_head(
     cfg.pop("name", None)
     if target is None:
         return nn.Linear(in_features, num_labels)
-    if not str(target).startswith(HEAD_PACKAGE):
-        raise UnsafeHead(f"model.head._target_ {target!r} is not a head of {HEAD_PACKAGE.rstrip('.')}")
+    check_target(str(target), "model.head._target_", "model config")
     cls = get_class(str(target))
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise UnsafeHead(f"model.head._target_ {target!r} is not a torch module")
