@@ -21,7 +21,7 @@ from training.tracking.uri import tracking_client
 from training.tuning.objective import Objective
 from training.tuning.report import StudyState, log_best, write_report
 from training.tuning.space import SearchSpace
-from training.tuning.study import TrialBudget, await_parent, build_storage, open_study, parent_run, remaining
+from training.tuning.study import TrialBudget, await_parent, build_storage, open_study, parent_run, start_wait
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
                           int(cfg.tune.worker), admits=budget.admits)  # fmt: skip
     status = "FINISHED"
     try:
-        if remaining(study, target):
+        # Not a count of trials alone: a dead worker's RUNNING trial must be failed and queued again first.
+        if budget.has_work(study, wait_s=start_wait(cfg)):
             study.optimize(
                 objective,
                 timeout=cfg.tune.timeout,
@@ -49,9 +50,6 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
                 callbacks=[budget,
                            lambda study, trial: log_best(study, client, parent, metric)],
             )  # fmt: skip
-        else:
-            log.info("study %s already holds %d trials (tune.trials=%d): nothing to run", study.study_name,
-                     len(study.trials), target)  # fmt: skip
     except BaseException:
         status = "KILLED"
         raise

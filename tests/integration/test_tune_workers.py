@@ -7,26 +7,17 @@ import ast
 import os
 import re
 import subprocess
-from pathlib import Path
 
 import optuna
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from mlflow import MlflowClient
 
-from tests.tune_support import trained_trials, tune_command
+from tests.tune_support import TINY, prepare_data, trained_trials, tune_command
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRIALS = 6
-TINY = ("debug=smoke", "data.subset={train:64,val:48,test:32}", "trainer.max_epochs=1", "evaluation.n_boot=0",
-        "evaluation.per_source=false", "pruner=none")  # fmt: skip
 
 
 def test_two_workers_share_one_study(tmp_path):
-    # Generate the data first: two fresh workers would otherwise both generate the same set at once.
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("tune", overrides=["debug=smoke", f"data.source.root={tmp_path}/synthetic"])
-    instantiate(cfg.data.source).prepare()
+    prepare_data(tmp_path)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     workers = [
         subprocess.Popen(tune_command(tmp_path, TRIALS, f"tune.worker={k}", *TINY), env=env,

@@ -6,15 +6,18 @@ share it. Trial numbers are assigned by the storage inside its insert transactio
 contiguous however many workers there are.
 
 Budget. ``tune.trials=N`` means "until the study holds N trials", counting every state including trials other
-workers are still running (checked after each trial and once before the first), except that a failed trial
-replaced by its retry (below) counts once, as its retry. So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two,
-and two workers stop together.
+workers are still running (checked after each trial and once before the first, each time after failing stale
+trials), except that a failed trial replaced by its retry (below) counts once, as its retry. So ``TRIALS=8``
+after a finished ``TRIALS=6`` adds two, and two workers stop together.
 
-Stopped workers. Storage heartbeats are on: a trial whose worker died (kill -9, lost node) stops beating and is
-marked FAIL by the next worker that starts or finishes a trial (after ``tune.grace_period`` seconds), its MLflow
-run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` (the ``RetryFailedTrialCallback`` of
-older Optuna) queues the same parameters again as a new trial, up to ``tune.max_retry`` times, which the next
-free worker runs. So the study never waits on a ghost and loses no point of its search.
+Stopped workers. Storage heartbeats are on: a trial whose worker died (kill -9, lost node) stops beating and,
+once silent for ``tune.grace_period`` seconds, is marked FAIL by the next worker that starts, or that starts or
+finishes a trial; its MLflow run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` (the
+``RetryFailedTrialCallback`` of older Optuna) queues the same parameters again as a new trial, up to
+``tune.max_retry`` times, which the next free worker runs. A worker that starts on a study whose slots are all
+used but some trial is RUNNING cannot tell a dead worker's trial from a live one's before the grace period is
+over, so it waits that long (see :meth:`TrialBudget.has_work`): rerunning the command after a crash, at once or
+later, finishes the study. So the study never waits on a ghost and loses no point of its search.
 
 PostgreSQL. ``tune.storage=postgresql://user@host/db`` (password from ``PGPASSWORD`` or ``~/.pgpass``, or inline,
 which is then redacted wherever the URL is logged or tagged) is how workers on several machines share a study;
@@ -47,6 +50,7 @@ from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
 
 log = logging.getLogger(__name__)
 
+RUNNING, WAITING = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING
 PARENT_ATTR = "mlflow_parent_run_id"
 KIND_TAG = "cxrlt.kind"
 STUDY_KIND = "tuning-study"
@@ -77,13 +81,16 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
     """RDB storage with heartbeats; a dead worker's trials are failed, their MLflow runs closed, and retried."""
     url = storage_url(str(cfg.tune.storage))
     uri = tracking_uri(cfg)
+    max_retry = int(cfg.tune.get("max_retry", 1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=int(cfg.tune.get("max_retry", 1)))
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
 
     def close_ghost_run(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         run_id = trial.user_attrs.get(RUN_ATTR)
-        log.warning("trial %d stopped beating (worker gone); marked FAIL and queued again", trial.number)
+        tries = len(trial.system_attrs.get("retry_history", [])) + 1  # counted as the retry callback counts them
+        queued = "queued again" if tries <= max_retry else f"not queued again (tune.max_retry={max_retry})"
+        log.warning("trial %d stopped beating (worker gone); marked FAIL, %s", trial.number, queued)
         if run_id:
             ghost = TrackedRun(tracking_client(uri), run_id)
             ghost.set_tags({STATE_TAG: "FAIL"})
@@ -191,6 +198,28 @@ def takes_slot(trial: optuna.trial.FrozenTrial) -> bool:
     return not is_retry(trial) and not is_surplus(trial)
 
 
+def fail_stale(study: optuna.Study) -> None:
+    """Optuna's ``fail_stale_trials``: a trial silent past the grace period is failed and its callback run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def start_wait(cfg: DictConfig) -> float:
+    """How long a starting worker may wait for a RUNNING trial to prove alive (see :meth:`TrialBudget.has_work`).
+
+    Optuna's grace period (twice the interval when unset) plus one heartbeat interval, which covers the storage
+    clock's one-second steps (SQLite) and the last poll.
+    """
+    interval = float(cfg.tune.heartbeat_interval)
+    grace = cfg.tune.get("grace_period")
+    return (2 * interval if grace is None else float(grace)) + interval
+
+
+def _trials(numbers: list[int]) -> str:
+    return f"trial{'s' * (len(numbers) != 1)} {', '.join(map(str, numbers))}"
+
+
 def budget_count(study: optuna.Study) -> int:
     """Slots of ``tune.trials`` already used (see :func:`takes_slot`)."""
     return sum(takes_slot(t) for t in study.get_trials(deepcopy=False))
@@ -204,9 +233,10 @@ def remaining(study: optuna.Study, target: int) -> int:
 class TrialBudget:
     """Hold a study to ``target`` trials however many workers share it (Optuna's ``MaxTrialsCallback`` made exact).
 
-    As a callback it stops this worker once every slot is used. Stale trials are failed first (Optuna's
-    ``fail_stale_trials``), so a dead worker's trial is queued again before the count is taken; and a worker
-    never stops while a queued (WAITING) retry is left for it to run.
+    As a callback it stops this worker once every slot is used; :meth:`has_work` asks the same before the first
+    trial. Stale trials are failed first (Optuna's ``fail_stale_trials``), so a dead worker's trial is queued
+    again before the count is taken; and a worker never stops while a queued (WAITING) retry is left for it to
+    run, since the retry holds a slot that no new trial may take.
 
     The callback alone overshoots: two workers that finish at the same instant both see one free slot and both
     ask for a trial. Trial numbers are handed out by the storage in creation order, so :meth:`admits`, asked at
@@ -217,12 +247,40 @@ class TrialBudget:
         self.target = target
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if not waiting and budget_count(study) >= self.target:
+        if not self._to_run(study):
             study.stop()
+
+    def _to_run(self, study: optuna.Study) -> bool:
+        """Whether a trial is left for this worker, once stale trials are failed (and so queued again)."""
+        fail_stale(study)
+        trials = study.get_trials(deepcopy=False)
+        return any(t.state == WAITING for t in trials) or sum(map(takes_slot, trials)) < self.target
+
+    def has_work(self, study: optuna.Study, wait_s: float, poll_s: float = 1.0) -> bool:
+        """Whether a worker starting now has a trial to run, waiting up to ``wait_s`` to find out.
+
+        With every slot used, a RUNNING trial may be a dead worker's whose heartbeat is not yet ``grace_period``
+        old: say nothing to run now and it stays RUNNING, and the study unfinished, until some later worker
+        happens by. Every trial dead before this call is stale by ``grace_period`` (plus the storage clock's
+        resolution) from now, so waiting that long (:func:`start_wait`) settles it: a trial failed meanwhile is
+        queued again and run here; one still RUNNING then has a live worker, and this one stops (saying so). A
+        study with no RUNNING trial is answered at once.
+        """
+        deadline, told = time.monotonic() + wait_s, False
+        while not self._to_run(study):
+            running = [t.number for t in study.get_trials(deepcopy=False, states=(RUNNING,))]
+            if not running or time.monotonic() >= deadline:
+                alive = f"; {_trials(running)} still running on a live worker" if running else ""
+                log.info("study %s already holds %d trials (tune.trials=%d)%s: nothing to run", study.study_name,
+                         budget_count(study), self.target, alive)  # fmt: skip
+                return False
+            if not told:
+                log.info("every trial of study %s is taken, %s still RUNNING: waiting up to %.0f s for a dead "
+                         "worker's trial to go stale (tune.grace_period) and be queued again", study.study_name,
+                         _trials(running), wait_s)  # fmt: skip
+                told = True
+            time.sleep(poll_s)
+        return True
 
     def admits(self, study: optuna.Study, number: int) -> bool:
         """Whether trial ``number`` may run: a retry always may; an original only while a slot is free for it."""

@@ -1,0 +1,129 @@
+"""A tuning worker killed mid-trial leaves a RUNNING trial nobody will finish; the next worker to start must fail it,
+close its MLflow run, retry its parameters and leave a study (and a parent run summary) that says only the truth."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import optuna
+import pytest
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from tests.tune_support import TINY, prepare_data, tune_command
+from training.tuning.study import TrialBudget, build_storage
+
+COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
+                                    optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)  # fmt: skip
+TRIALS = 2
+#: Beat every second and call a trial dead after 2 silent seconds, so nothing here waits on the 120 s default.
+HEARTBEAT = ("tune.heartbeat_interval=1", "tune.grace_period=2")
+
+
+def _wait_for(condition, worker: subprocess.Popen, log, deadline_s: float, what: str) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert worker.poll() is None, f"worker exited ({worker.returncode}) before {what}:\n{log.read_text()[-5000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {deadline_s} s:\n{log.read_text()[-5000:]}"
+        time.sleep(0.2)
+
+
+def test_rerun_after_a_worker_is_killed_mid_trial_finishes_the_study(tmp_path):
+    prepare_data(tmp_path)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONUNBUFFERED": "1"}
+    marker, first_log = tmp_path / "held", tmp_path / "first.log"
+    hold = ("+callbacks.hold._target_=tests.tune_support.HoldFit", f"+callbacks.hold.marker={marker}",
+            f"+callbacks.hold.at={TRIALS}")  # fmt: skip
+    with first_log.open("w") as out:
+        first = subprocess.Popen(tune_command(tmp_path, TRIALS, *TINY, *HEARTBEAT, *hold), env=env, stdout=out,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        _wait_for(marker.exists, first, first_log, 300, "hold of the last trial")
+    finally:
+        first.send_signal(signal.SIGKILL)  # kill -9: no handler, no cleanup, the trial just stops beating
+        first.wait(timeout=60)
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.load_study(study_name="task1-default", storage=storage)
+    assert [t.state for t in study.trials] == [COMPLETE, RUNNING]  # the kill landed inside the last trial
+    dead = study.trials[-1]
+
+    # Straight away, as a user would: the rerun itself must wait out the grace period if it is not over yet.
+    second = subprocess.run(tune_command(tmp_path, TRIALS, *TINY, *HEARTBEAT), env=env, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert second.returncode == 0, (second.stdout + second.stderr)[-5000:]
+
+    study = optuna.load_study(study_name="task1-default", storage=storage)
+    trials = study.trials
+    assert [t.state for t in trials] == [COMPLETE, FAIL, COMPLETE]  # exactly TRIALS complete, nothing RUNNING
+    retry = trials[-1]
+    assert retry.system_attrs["failed_trial"] == dead.number and retry.params == dead.params  # the point not lost
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    ghost = client.get_run(dead.user_attrs["mlflow_run_id"])
+    assert (ghost.info.status, ghost.data.tags["optuna.state"]) == ("KILLED", "FAIL")
+    assert retry.user_attrs["mlflow_run_id"] != ghost.info.run_id  # the retry trained in a run of its own
+    assert client.get_run(retry.user_attrs["mlflow_run_id"]).info.status == "FINISHED"
+
+    (parent,) = client.search_runs([ghost.info.experiment_id], filter_string="tags.`cxrlt.kind` = 'tuning-study'")
+    assert parent.info.status == "FINISHED"
+    summary = {k.removeprefix("study/n_"): v for k, v in parent.data.metrics.items() if k.startswith("study/n_")}
+    assert summary == {"complete": TRIALS, "fail": 1, "running": 0, "waiting": 0, "pruned": 0, "surplus": 0,
+                       "trials": TRIALS + 1}  # fmt: skip
+    assert parent.data.tags["best.mlflow_run_id"] == study.best_trial.user_attrs["mlflow_run_id"]
+
+
+#: The two tests below drive a study by hand (ask, heartbeats) to stand for workers; Optuna warns that heartbeats
+#: are meant for ``optimize``, which is what the real workers use.
+by_hand = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")
+
+
+def _storage(tmp_path, grace: int):
+    cfg = OmegaConf.create({"tune": {"storage": f"sqlite:///{tmp_path}/optuna.db", "heartbeat_interval": 1,
+                                     "grace_period": grace, "max_retry": 1},
+                            "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}})  # fmt: skip
+    return build_storage(cfg)
+
+
+@by_hand
+def test_a_worker_started_within_the_grace_period_waits_for_the_dead_trial_and_queues_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    study = optuna.create_study(storage=_storage(tmp_path, grace=2), study_name="s")
+    study.add_trial(optuna.create_trial(state=COMPLETE, value=0.5))
+    ghost = study.ask()  # the last slot: its worker beat once, then was killed a moment ago
+    ghost.suggest_float("lr", 1e-4, 1e-1, log=True)
+    study._storage.record_heartbeat(ghost._trial_id)
+
+    started = time.monotonic()
+    assert TrialBudget(target=2).has_work(study, wait_s=10)  # not stale yet when asked; it is well before wait_s ends
+    assert time.monotonic() - started < 10  # and the wait ended as soon as the trial was queued again
+    assert [t.state for t in study.get_trials()] == [COMPLETE, FAIL, WAITING]
+
+
+@by_hand
+def test_a_worker_started_beside_a_live_last_trial_stops_after_the_grace_period(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    study = optuna.create_study(storage=_storage(tmp_path, grace=2), study_name="s")
+    study.add_trial(optuna.create_trial(state=COMPLETE, value=0.5))
+    live = study.ask()  # another worker's last trial, beating
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            study._storage.record_heartbeat(live._trial_id)
+            stop.wait(0.5)
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        started = time.monotonic()
+        assert not TrialBudget(target=2).has_work(study, wait_s=3)  # nothing to run: the trial is alive
+        assert time.monotonic() - started >= 3  # it was given the whole grace period to prove otherwise
+    finally:
+        stop.set()
+        beating.join()
+    assert [t.state for t in study.get_trials()] == [COMPLETE, RUNNING]
