@@ -12,6 +12,11 @@ TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 TRACKING_URI = $(PY) -m training.tracking.uri
 
 .DEFAULT_GOAL := help
+# Recipes are not echoed: a command line can carry a secret (ARGS="+model.hub_token=...", STORAGE=<url with a
+# password>) and terminal output ends up in shared job logs. `make V=1 <target>` shows them; `make -n` still prints.
+ifndef V
+.SILENT:
+endif
 .PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-realdata test-presets test-slow test-server lint format bench clean
 
 help: ## Show this help

@@ -31,6 +31,7 @@ from mlflow.exceptions import MlflowException
 
 from evaluation.metric_registry import average_precision
 from evaluation.predictions import PredictionsError, read_predictions
+from training.tracking.artifacts import download
 
 WEIGHTS_ARTIFACT = "ensemble/weights.json"
 KIND_TAG = ("cxrlt.kind", "ensemble")
@@ -320,7 +321,7 @@ def load_weights(client: MlflowClient, run_id: str, folder: str | Path) -> Store
         raise EnsembleError(f"run {run_id} is not an ensemble run (no tag {KIND_TAG[0]}={KIND_TAG[1]}); "
                             "make ensemble writes those")  # fmt: skip
     try:
-        path = client.download_artifacts(run_id, WEIGHTS_ARTIFACT, str(folder))
+        path = download(client, run_id, WEIGHTS_ARTIFACT, str(folder))
         document = json.loads(Path(path).read_text())
     except (MlflowException, OSError) as error:
         raise EnsembleError(f"run {run_id} has no readable {WEIGHTS_ARTIFACT}: {error}") from None

@@ -43,6 +43,7 @@ from evaluation.suite import compute_suite
 from training.config_files import config_file
 from training.errors import user_errors
 from training.runs import ModelNotFound, read_config, resolve_run
+from training.tracking.artifacts import download
 from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
@@ -96,7 +97,7 @@ def read_members(client: MlflowClient, run_ids: Sequence[str], task: str
                                     f"{sorted(set(own) ^ set(labels))[:5]} differ (or their order)")  # fmt: skip
             for split in SPLITS:
                 try:
-                    path = client.download_artifacts(run_id, f"predictions/{split}.csv", str(folder))
+                    path = download(client, run_id, f"predictions/{split}.csv", str(folder))
                 except (MlflowException, OSError):
                     raise EnsembleError(f"run {run_id} has no predictions/{split}.csv to fit or check weights on; "
                                         f"make evaluate RUN={run_id} writes it") from None  # fmt: skip

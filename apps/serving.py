@@ -40,6 +40,7 @@ from mlflow.types.schema import ColSpec, Schema
 from torch import nn
 
 from evaluation.tta import TTAPredictor
+from training.checkpoint_io import load_weights_only
 from training.data.images import read_grayscale
 from training.runs import FinishedModel, load_finished
 
@@ -182,7 +183,7 @@ class CXRClassifierModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         spec = json.loads(Path(context.artifacts["spec"]).read_text())
-        state = torch.load(context.artifacts["weights"], map_location="cpu", weights_only=True)
+        state = load_weights_only(context.artifacts["weights"], "the registered model's weights")
         self.scorer = Scorer.from_spec(spec, state)
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import random
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,36 @@ import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from training.errors import UserError
+
 log = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".partial"
+#: What torch names in its refusal: ``Unsupported global: GLOBAL os.system was not an allowed global``.
+UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+class UnsafeCheckpoint(UserError, pickle.UnpicklingError):
+    """A checkpoint holds pickled Python objects, not only tensors: loading it would run code, so it is refused."""
+
+
+def load_weights_only(path, what: str, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``, with torch's multi-paragraph refusal turned into one line that names
+    the file (``what``) and the object it would have had to build; how to load it anyway is deliberately not offered.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise refusal(error, what) from error
+
+
+def refusal(error: pickle.UnpicklingError, what: str) -> UnsafeCheckpoint:
+    found = UNSUPPORTED_GLOBAL.search(str(error))
+    holds = f" ({found.group(1)})" if found else ""
+    return UnsafeCheckpoint(
+        f"{what} holds pickled Python objects{holds}, not only tensors; refusing to load it, since unpickling "
+        "would run code from the file (platform checkpoints hold tensors and plain containers only)"
+    )
 
 
 def _current_umask() -> int:
@@ -77,7 +106,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
         Raises:
             ValueError: ``weights_only=False`` was requested.
-            pickle.UnpicklingError: the file holds objects other than tensors and plain containers.
+            UnsafeCheckpoint: the file holds objects other than tensors and plain containers.
         """
         if weights_only is False:
             raise ValueError(
@@ -85,7 +114,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 "containers only"
             )
         where = {} if map_location is None else {"map_location": map_location}  # None: Lightning's default
-        return super().load_checkpoint(path, weights_only=True, **where)
+        try:
+            return super().load_checkpoint(path, weights_only=True, **where)
+        except pickle.UnpicklingError as error:
+            raise refusal(error, f"checkpoint {path}") from error
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -26,6 +26,7 @@ from hydra.errors import CompactHydraException, InstantiationException
 from omegaconf.errors import MissingMandatoryValue
 
 from training.config_files import CONFIGS
+from training.tracking.terminal import redact_terminal
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
 #: Numeric settings whose library also takes other types (Lightning's ``devices``: ``1``, ``auto``, ``[0, 1]``).
@@ -111,7 +112,9 @@ def missing_value_message(cfg, error) -> str:
 @contextmanager
 def user_errors(*kinds: type[BaseException], debug: bool = False) -> Iterator[None]:
     """Body of an argparse entry point: a user error (``UserError`` or ``kinds``) prints ``error: <message>`` on
-    stderr and exits 1; with ``debug`` (``--debug``) or ``HYDRA_FULL_ERROR=1`` it propagates with its traceback."""
+    stderr and exits 1; with ``debug`` (``--debug``) or ``HYDRA_FULL_ERROR=1`` it propagates with its traceback.
+    Everything printed from here on is redacted (:func:`training.tracking.terminal.redact_terminal`)."""
+    redact_terminal()
     try:
         yield
     except (UserError, *kinds) as error:
@@ -122,7 +125,9 @@ def user_errors(*kinds: type[BaseException], debug: bool = False) -> Iterator[No
 
 
 def run_hydra_entry(main: Callable[[], None], config_name: str, argv: Sequence[str] | None = None) -> None:
-    """Start a Hydra entry point after :func:`check_overrides`, whose errors are reported like Hydra's own."""
+    """Start a Hydra entry point after :func:`check_overrides`, whose errors are reported like Hydra's own; every
+    line printed from here on is redacted, Hydra's repetition of the overrides on failure included."""
+    redact_terminal(sys.argv[1:] if argv is None else argv)
     try:
         check_overrides(config_name, sys.argv[1:] if argv is None else argv)
     except OverrideError as error:

@@ -32,12 +32,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from evaluation.thresholds import select_thresholds
+from training.checkpoint_io import load_weights_only
 from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
 from training.errors import UserError
 from training.models.factory import build_model
 from training.models.module import MultiLabelClassifier
 from training.targets import check_targets
+from training.tracking.artifacts import download
+from training.tracking.redaction import redact
 from training.tracking.uri import tracking_client
 
 CONFIG = "config.yaml"
@@ -121,13 +124,14 @@ class FinishedModel:
         return build_transform(None)
 
     def spec(self) -> dict:
-        """What :meth:`from_spec` rebuilds the model from, with the weights: the registered model's ``spec.json``."""
-        hparams = self.network.hparams
+        """What :meth:`from_spec` rebuilds the model from, with the weights: the registered model's ``spec.json``,
+        redacted (it is copied into the registry and served): rebuilding needs no secret, weights never download."""
+        hparams = redact(dict(self.network.hparams))
         spec = {"run_id": self.run_id, "image_size": self.image_size, "resize": self.resize, "labels": self.labels,
                 "thresholds": self.thresholds, "model_cfg": dict(hparams["model_cfg"]),
                 "loss_cfg": dict(hparams["loss_cfg"]), "normalisation": {"mean": GRAY_MEAN, "std": GRAY_STD}}  # fmt: skip
         if self.adapter_cfg:
-            spec.update(adapter_cfg=self.adapter_cfg, unseen=self.unseen)
+            spec.update(adapter_cfg=redact(self.adapter_cfg), unseen=self.unseen)
         return spec
 
     @classmethod
@@ -197,14 +201,14 @@ def load_finished(reference: str, client: MlflowClient | None = None) -> Finishe
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = read_config(client, run_id, tmp)
-            checkpoint = Path(client.download_artifacts(run_id, CHECKPOINT, tmp))
+            checkpoint = Path(download(client, run_id, CHECKPOINT, tmp))
         except (MlflowException, OSError) as error:
             raise ModelNotFound(
                 f"run {run_id} has no {CONFIG} / {CHECKPOINT} artifact (only finished platform training runs can "
                 f"be loaded): {error}"
             ) from error
         sha256 = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        state = load_weights_only(checkpoint, f"run {run_id} {CHECKPOINT}")
         labels = list(cfg.task.labels)
         thresholds = validation_thresholds(client, run_id, labels, tmp)
     adapter = OmegaConf.to_container(cfg.adapter, resolve=True) if cfg.get("adapter") else None
@@ -219,7 +223,7 @@ def load_finished(reference: str, client: MlflowClient | None = None) -> Finishe
 
 def read_config(client: MlflowClient, run_id: str, folder: str) -> DictConfig:
     """A run's stored ``config.yaml``, checked by :func:`check_targets` before anyone builds from it."""
-    cfg = OmegaConf.load(client.download_artifacts(run_id, CONFIG, folder))
+    cfg = OmegaConf.load(download(client, run_id, CONFIG, folder))
     check_targets(OmegaConf.to_container(cfg, resolve=False), f"run {run_id} {CONFIG}")
     return cfg
 
@@ -227,7 +231,7 @@ def read_config(client: MlflowClient, run_id: str, folder: str) -> DictConfig:
 def validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], folder: str) -> list[float] | None:
     """Per-class F1-maximising thresholds from the run's ``predictions/val.csv``, or None when it has none."""
     try:
-        frame = pd.read_csv(client.download_artifacts(run_id, VAL_PREDICTIONS, folder), dtype={"image_id": str})
+        frame = pd.read_csv(download(client, run_id, VAL_PREDICTIONS, folder), dtype={"image_id": str})
     except (MlflowException, OSError, ValueError):  # an older or partial run simply has no thresholds to carry
         return None
     if not all(name in frame and f"true/{name}" in frame for name in labels):

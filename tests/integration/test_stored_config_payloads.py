@@ -16,7 +16,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
@@ -26,8 +25,7 @@ from apps.evaluate import evaluate_run
 from apps.registry import ensure_full_evaluation
 from apps.serving import CXRClassifierModel
 from apps.submit import run_manifest
-from training.config_files import CONFIGS
-from training.models.factory import model_from_config
+from tests.finished_runs import fabricate_finished_run
 from training.runs import load_finished
 from training.stages import ClassifierRetraining
 from training.targets import UnsafeConfig, allowed_targets
@@ -56,23 +54,7 @@ def payloads(tmp: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """``(client, run id, its plain config, its checkpoint bytes)``: a FINISHED task1 run built without training."""
-    tmp = tmp_path_factory.mktemp("store")
-    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-    experiment = client.create_experiment("task1", artifact_location=(tmp / "artifacts").as_uri())
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        cfg = compose("train", overrides=["task=task1", "debug=smoke", f"data.source.root={tmp}/synthetic",
-                                          "model.pretrained=false"])  # fmt: skip
-    plain = OmegaConf.to_container(cfg, resolve=False)
-    plain.pop("hydra", None)
-    checkpoint = tmp / "best.ckpt"
-    torch.save({"state_dict": model_from_config(cfg).state_dict()}, checkpoint)
-    run_id = client.create_run(experiment).info.run_id
-    client.log_artifact(run_id, str(checkpoint), "checkpoints")
-    client.log_text(run_id, OmegaConf.to_yaml(plain), "config.yaml")
-    client.set_terminated(run_id, "FINISHED")
-    load_finished(run_id, client)  # the untampered run loads: each refusal below is the payload's doing
-    return client, run_id, plain
+    return fabricate_finished_run(tmp_path_factory.mktemp("store"))
 
 
 def tamper(client: MlflowClient, run_id: str, plain: dict, node: dict) -> None:

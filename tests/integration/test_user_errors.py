@@ -124,8 +124,8 @@ def test_evaluate_refuses_a_stored_config_naming_a_foreign_callable(tmp_path, ru
     config = f"task:\n  name: task1\nmodel:\n  name: evil\n  head:\n    _target_: {target}\n    {arguments}\n"
     run_id = finished_run(*store, config.format(src=src, dst=dst))
     done = run("apps.evaluate", f"run={run_id}", env=run_env)
-    assert_reported(done, f"run {run_id} config.yaml: model.head._target_ = '{target}' is neither a class of this "
-                          "project nor one its configs use; refusing to build it")  # fmt: skip
+    assert_reported(done, f"run {run_id} config.yaml: model.head._target_ = '{target}' is not a class or function "
+                          "that this project's configs/ name; refusing to build it")  # fmt: skip
     assert not dst.exists()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import signal
 import stat
 import subprocess
@@ -21,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import PROJECT_ROOT
-from training.checkpoint_io import TEMP_SUFFIX, AtomicCheckpointIO
+from training.checkpoint_io import TEMP_SUFFIX, AtomicCheckpointIO, UnsafeCheckpoint
 
 STEPS_PER_EPOCH = 4
 
@@ -149,8 +148,8 @@ def tampered(tmp_path):
 
 def test_a_checkpoint_with_a_pickled_object_is_refused(tampered):
     path, marker = tampered
-    with pytest.raises(pickle.UnpicklingError):
-        AtomicCheckpointIO().load_checkpoint(path)
+    with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint {path} holds pickled Python objects \(\S+\), not only tensors"):
+        AtomicCheckpointIO().load_checkpoint(path)  # one line naming the file and the object, no torch essay
     with pytest.raises(ValueError, match="weights_only=False"):
         AtomicCheckpointIO().load_checkpoint(path, weights_only=False)
     assert not marker.exists()
@@ -160,6 +159,6 @@ def test_a_checkpoint_with_a_pickled_object_is_refused(tampered):
 
 def test_resuming_from_a_tampered_checkpoint_fails_before_running_it(tampered, tmp_path):
     path, marker = tampered
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(UnsafeCheckpoint, match="refusing to load it"):
         _fit(tmp_path / "checkpoints", epochs=1, ckpt_path=path)  # Lightning's fit(ckpt_path) goes through the plugin
     assert not marker.exists()

@@ -37,6 +37,7 @@ from training.components import build_component
 from training.models.backbone import backbone_from_config
 from training.models.heads import build_head
 from training.models.schedule import warmup_cosine
+from training.tracking.redaction import redact
 
 # A class without positives in a (small) validation split is expected in the tail; LabelCounts leaves it out of
 # the macro means as the challenge does, so torchmetrics' per-epoch warning about it is noise.
@@ -211,7 +212,10 @@ class MultiLabelClassifier(L.LightningModule):
             self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self.global_step)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Store the global random states: the network's stochastic layers (dropout, drop path) draw from them.
+        """Store the global random states, and blank the secrets of the stored hyperparameters (a checkpoint is
+        shared like a run: ``+model.hub_token=...`` must not travel inside ``best.ckpt``).
+
+        The global random states matter because the network's stochastic layers (dropout, drop path) draw from them.
 
         Lightning does not save them. The checkpoint is written at the end of an epoch, after its validation, and
         the data loaders do not draw from these generators (see :class:`training.data.datamodule.CXRDataModule`),
@@ -219,6 +223,8 @@ class MultiLabelClassifier(L.LightningModule):
         draws alike, so rank 0's state serves all ranks.
         """
         checkpoint[GLOBAL_RNG_KEY] = global_rng_state()
+        if "hyper_parameters" in checkpoint:  # the constructor's configs, as they may be shared with the weights
+            checkpoint["hyper_parameters"] = redact(checkpoint["hyper_parameters"])
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Restore the global random states, but only for a Trainer resuming a fit.

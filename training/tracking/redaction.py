@@ -1,10 +1,15 @@
 """Secrets never leave the process: config values under secret-looking keys and credentials inside any text are blanked.
 
 :func:`redact` blanks config values under secret-looking keys (the secret word may sit anywhere in the key:
-``aws_secret_access_key``, ``authorization``, ``pw``), and :func:`redact_text` blanks credentials inside any string
-(URL passwords, ``Bearer``/``Basic`` credentials, secret ``name=value`` pairs) and the value of any secret-looking
-environment variable, in params, tags and ``config.yaml``. Over-redacting a harmless value is preferred to leaking a
-secret; ``tests/unit/test_tracking_faults.py`` checks that none of the platform's own config keys is blanked.
+``aws_secret_access_key``, ``authorization``, ``pw``, ``cred``, ``hub.key``), and :func:`redact_text` blanks
+credentials inside any string (URL userinfo, ``Bearer``/``Basic`` credentials, secret ``name=value`` pairs such as a
+URL's ``?access_token=``), the value of any secret-looking environment variable (``DB_PW``, ``HF_TOKEN``) and every
+value this process has seen under a secret key (:func:`remember_secrets`: the command line's secret overrides, so a
+library that prints them back, like Hydra's failure message, shows ``***``). The one list of key words is
+documented in docs/development.md ("Secrets"). It is applied to params, tags, ``config.yaml``, Lightning's
+hyperparameters, checkpoints, registered specs, reports and the terminal (:mod:`training.tracking.terminal`).
+Over-redacting a harmless value is preferred to leaking a secret; ``tests/unit/test_tracking_faults.py`` checks
+that none of the platform's own config keys is blanked.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+from collections.abc import Mapping, Sequence
 
 #: Word stems that make a key name secret wherever they appear in it (``db_password``, ``clientSecret``,
 #: ``aws_secret_access_key``, ``Proxy-Authorization``). No ordinary word contains them, so they match inside words.
@@ -21,13 +27,14 @@ SECRET_STEMS = ("password", "passwd", "passphrase", "secret", "credential", "aut
 
 #: Secret only as a whole word of the key (split at ``_ . -``, spaces and camelCase): ``tokenizer``, ``author``,
 #: ``bypass`` and ``sessionless`` are ordinary. A word ending in ``token`` (``accesstoken``) is secret as well.
-SECRET_WORDS = frozenset({"pw", "pwd", "pass", "auth", "creds", "token", "tokens", "session", "sessionid", "jwt"})
+SECRET_WORDS = frozenset({"pw", "pwd", "pass", "auth", "cred", "creds", "token", "tokens", "session", "sessionid",
+                          "jwt", "sig", "signature"})  # fmt: skip
 
 
-#: ``key`` is secret only after one of these words (``api_key``, ``aws_secret_access_key``, ``ssh.private.key``);
-#: ``cache_key``, ``sort_key`` and ``keypoints`` are ordinary.
-KEY_PREFIXES = frozenset({"access", "api", "private", "secret", "signing", "encryption", "client", "master",
-                          "account", "ssh"})  # fmt: skip
+#: ``key`` as a word is secret (``key``, ``api_key``, ``hub.key``, ``ssh.private.key``) except after one of these words,
+#: where it names a lookup rather than a credential (``cache_key``, ``sort_key``); ``keypoints`` is another word.
+ORDINARY_KEY_PREFIXES = frozenset({"cache", "sort", "primary", "foreign", "group", "join", "lookup", "partition",
+                                   "index", "dict", "hash", "metric", "run", "row", "column", "split", "label"})  # fmt: skip
 
 
 #: A number under a key that also names a quantity counts or times secrets rather than being one
@@ -40,12 +47,18 @@ QUANTITY_WORDS = frozenset({"max", "min", "num", "n", "count", "len", "length", 
 #: ``AWS_SECRET_ACCESS_KEY``). Narrower than config keys on purpose: a value found here is blanked in *all* text,
 #: so ``DESKTOP_SESSION=ubuntu`` or ``PWD`` (the working directory) must not count.
 SECRET_ENV = re.compile(
-    r"(PASSWORD|PASSWD|PASSPHRASE|TOKEN|SECRET|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?|AUTHORIZATION)(_|$)", re.I
+    r"(PASSWORD|PASSWD|PASSPHRASE|TOKEN|SECRET|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?|AUTHORIZATION)(_|$)"
+    r"|(^|_)(PW|PASS|CREDS?|KEY|AUTH)(_|$)",  # whole words only: ``PWD`` (the working directory) is none
+    re.I,
 )
 
 
 #: ``scheme://user:password@host`` -> ``scheme://user:***@host``.
 URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^@\s/]+(@)")
+
+
+#: ``scheme://token@host`` (a token as the whole userinfo, as git and hub URLs carry them) -> ``scheme://***@host``.
+URL_TOKEN = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@*]{8,}(@)")
 
 
 #: HTTP credentials in free text: ``Bearer <token>`` (any token) and ``Basic <base64 of user:password>``.
@@ -67,11 +80,34 @@ PAIR = re.compile(r"""(?<![\w.\-])([A-Za-z_][\w.\-]*)(\s*=\s*|"\s*:\s*"?|:\s+)([
 REDACTED = "***"
 
 
+#: Values seen under secret keys in this process (:func:`remember_secrets`), blanked wherever they appear in text.
+_REMEMBERED: set[str] = set()
+
+
 def _secret_env_values() -> list[str]:
     """Values of secret-looking environment variables (``MLFLOW_TRACKING_PASSWORD``, ``PGPASSWORD``, ...)."""
     names = (name for name in os.environ if SECRET_ENV.search(name))
     # Very short values ("1", "true") would blank unrelated text and are no secret anyway.
     return sorted({os.environ[n] for n in names if len(os.environ[n]) >= 6}, key=len, reverse=True)
+
+
+def remember_secrets(node, key: str = "") -> None:
+    """Note every value :func:`redact` would blank by its key in ``node`` (a config tree, or ``{override: value}``),
+    so :func:`redact_text` blanks it in any text later, whatever a library makes of it there."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            remember_secrets(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for v in node:
+            remember_secrets(v, key)
+    elif is_secret_key(key, node) and len(str(node)) >= 4:  # "1234" is a PIN; "ab" would blank half the output
+        _REMEMBERED.add(str(node))
+
+
+def remember_overrides(argv) -> None:
+    """:func:`remember_secrets` of a command line's ``key=value`` overrides (``+model.hub_token=...``)."""
+    pairs = (arg.split("=", 1) for arg in argv if "=" in arg and not arg.startswith("-"))
+    remember_secrets({key.lstrip("+~"): value.strip("'\"") for key, value in pairs})
 
 
 def _words(name: str) -> list[str]:
@@ -93,7 +129,10 @@ def is_secret_key(path: str, value=None) -> bool:
     secret = (
         any(word in SECRET_WORDS or word.endswith(("token", "tokens")) for word in words)
         or any(stem in word for word in words for stem in SECRET_STEMS)
-        or any(word in ("key", "keys") and prev in KEY_PREFIXES for prev, word in zip(words, words[1:], strict=False))
+        or any(
+            word in ("key", "keys") and prev not in ORDINARY_KEY_PREFIXES
+            for prev, word in zip(["", *words], words, strict=False)
+        )  # fmt: skip
     )
     if not secret or value is None or value == "" or isinstance(value, bool):
         return False
@@ -132,11 +171,12 @@ def redact_text(text: str) -> str:
     environment variables, so tags and messages built from commands, URLs or errors leak nothing either.
     """
     text = URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<2>", text)
+    text = URL_TOKEN.sub(rf"\g<1>{REDACTED}\g<2>", text)
     text = BEARER.sub(rf"\g<1>{REDACTED}", text)
     text = BASIC.sub(_basic, text)
     text = HEADER.sub(rf"\g<1>\g<2>{REDACTED}", text)
     text = PAIR.sub(_pair, text)
-    for value in _secret_env_values():
+    for value in sorted({*_secret_env_values(), *_REMEMBERED}, key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return text
 
@@ -144,9 +184,9 @@ def redact_text(text: str) -> str:
 def redact(node, key: str = ""):
     """A plain config tree with every secret blanked: values under secret keys (:func:`is_secret_key`, given the
     dotted path so a secret node's children count too) and credentials inside any string (:func:`redact_text`)."""
-    if isinstance(node, dict):
+    if isinstance(node, Mapping):  # DictConfig and Lightning's AttributeDict too
         return {k: redact(v, f"{key}.{k}" if key else str(k)) for k, v in node.items()}
-    if isinstance(node, list):
+    if isinstance(node, Sequence) and not isinstance(node, str | bytes):
         return [redact(v, key) for v in node]
     if is_secret_key(key, node):
         return REDACTED

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import time
+from argparse import Namespace
 from pathlib import Path
 
 from lightning.pytorch.loggers import MLFlowLogger
@@ -18,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from training.tracking import health
 from training.tracking.health import is_remote
-from training.tracking.redaction import redact_text
+from training.tracking.redaction import redact, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,11 @@ class RunLogger(MLFlowLogger):
         """Ignore Lightning's per-stage finalisation (see class docstring)."""
 
     @rank_zero_only
+    def log_hyperparams(self, params) -> None:
+        """Lightning logs the module's constructor arguments (``model_cfg/...``) as params of their own: they are
+        redacted like the config's, or ``+model.hub_token=...`` would reach the run in clear as ``model_cfg/hub_token``."""
+        super().log_hyperparams(redact(vars(params) if isinstance(params, Namespace) else dict(params)))
+
     def log_metrics(self, metrics, step=None) -> None:
         """Log with the epoch as MLflow's step; buffer instead while a tracking server is unreachable.
 
