@@ -3,13 +3,13 @@ numbers as a training that was never interrupted."""
 
 import os
 import subprocess
-import time
 
 import pytest
 import torch
 from mlflow import MlflowClient
 
 from tests.conftest import train_command
+from tests.process_budget import wait_working
 
 EPOCHS = 4
 # Every per-epoch key the module logs (train/lr is scheduled by step, so it is the optimiser and scheduler state).
@@ -21,26 +21,33 @@ def _overrides(data_root) -> tuple[str, ...]:
             "trainer.enable_progress_bar=false")  # fmt: skip
 
 
+#: CPU seconds a smoke training of EPOCHS epochs may use: several times what it takes (about 60 to 120 CPU s on
+#: two cores), and independent of how busy the machine is (tests/process_budget.py).
+TRAINING_CPU_SECONDS = 1500
+
+
 def _kill_after_checkpoint(out, env, overrides, epoch: int) -> tuple[str, int]:
     """Start a training, SIGKILL it once ``last.ckpt`` holds ``epoch`` or later; returns (run id, its epoch).
 
     Each save replaces the file by a rename (training/checkpoint_io.py), so a new inode means a new epoch's
-    checkpoint, and polling the inode avoids reading a 20 MB file every few milliseconds.
+    checkpoint, and polling the inode avoids reading a 20 MB file every few milliseconds. The output goes to a file:
+    a pipe nobody reads fills up and stalls the training.
     """
-    first = subprocess.Popen(train_command(out, *overrides), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    checkpoints = out / "checkpoints"
-    deadline, seen = time.time() + 480, None
-    while True:
-        assert first.poll() is None, first.stdout.read()[-3000:]
-        assert time.time() < deadline, f"no checkpoint of epoch {epoch}"
+    log = out / "first.log"
+    with log.open("w") as sink:
+        first = subprocess.Popen(train_command(out, *overrides), env=env, stdout=sink, stderr=subprocess.STDOUT)
+    checkpoints, seen = out / "checkpoints", [None]
+
+    def reached() -> bool:
         found = list(checkpoints.glob("*/last.ckpt"))
         inode = found[0].stat().st_ino if found else None
-        if inode is not None and inode != seen:
-            seen = inode
-            if torch.load(found[0], map_location="cpu", weights_only=True)["epoch"] >= epoch:
-                break
-        time.sleep(0.02)
+        if inode is None or inode == seen[0]:
+            return False
+        seen[0] = inode
+        return torch.load(found[0], map_location="cpu", weights_only=True)["epoch"] >= epoch
+
+    wait_working(first, f"training until the checkpoint of epoch {epoch}", TRAINING_CPU_SECONDS, until=reached)
+    assert first.poll() is None, log.read_text()[-3000:]
     first.kill()  # SIGKILL: no chance to clean up, like a lost node
     first.wait()
     (last,) = checkpoints.glob("*/last.ckpt")
@@ -50,10 +57,14 @@ def _kill_after_checkpoint(out, env, overrides, epoch: int) -> tuple[str, int]:
 
 
 def _resume(out, env, overrides, run_id: str) -> None:
-    second = subprocess.run(train_command(out, *overrides, "resume=true"), env=env, capture_output=True,
-                            text=True, timeout=600)  # fmt: skip
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert f"resuming run {run_id}" in second.stdout + second.stderr
+    log = out / "resumed.log"
+    with log.open("w") as sink:
+        second = subprocess.Popen(train_command(out, *overrides, "resume=true"), env=env, stdout=sink,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    wait_working(second, "the resumed training", TRAINING_CPU_SECONDS)
+    output = log.read_text()
+    assert second.returncode == 0, output[-3000:]
+    assert f"resuming run {run_id}" in output
 
 
 def _metrics(client: MlflowClient, run_id: str) -> dict[tuple[str, int], float]:
@@ -101,9 +112,10 @@ def test_resumed_run_reproduces_the_uninterrupted_run_exactly(tmp_path, extra):
         out.mkdir()
         env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{out}/mlflow.db", "PYTHONUNBUFFERED": "1"}
         if name == "straight":
-            done = subprocess.run(train_command(out, *overrides), env=env, capture_output=True, text=True,
-                                  timeout=600)  # fmt: skip
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            with (out / "straight.log").open("w") as sink:
+                done = subprocess.Popen(train_command(out, *overrides), env=env, stdout=sink, stderr=subprocess.STDOUT)
+            wait_working(done, "the uninterrupted training", TRAINING_CPU_SECONDS)
+            assert done.returncode == 0, (out / "straight.log").read_text()[-3000:]
             client = MlflowClient(env["MLFLOW_TRACKING_URI"])
             (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
             run_id = run.info.run_id
