@@ -30,6 +30,9 @@ class RecordingClient:
         self.tags.update({t.key: t.value for t in tags})
         self.metrics += [(m.key, m.value, m.step) for m in metrics]
 
+    def log_text(self, run_id, text, artifact_file):
+        self.texts = {**getattr(self, "texts", {}), artifact_file: text}
+
     def set_terminated(self, run_id, status):
         self.status.append(status)
 
@@ -59,6 +62,8 @@ def test_params_and_tags_are_redacted_as_a_training_run_s_are(monkeypatch):
     assert "s3cr3t-value-123" not in client.params["note"]
     assert len(client.params["long"]) == 6000  # MLflow's limit on one value: cut, not refused
     assert client.tags == {"members": "a b"}
+    run.log_text("storage: postgresql://u:pw1@db/optuna\nseed: 3\n", "tune/settings.yaml")  # a report, as tuning writes
+    assert client.texts["tune/settings.yaml"] == f"storage: postgresql://u:{REDACTED}@db/optuna\nseed: 3\n"
 
 
 def test_more_than_a_thousand_metrics_go_in_several_batches_and_all_arrive():

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from training.tracking.redaction import redact, redact_tags
+from training.tracking.redaction import redact, redact_tags, redact_text
 from training.tracking.run_logger import log_metric_batch
 from training.tracking.uri import is_local_store
 
@@ -83,7 +83,8 @@ class TrackedRun:
             self.client.set_tag(self.run_id, key, value)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        """A text artifact (a report, a settings YAML with a storage URL in it), redacted like params."""
+        self.client.log_text(self.run_id, redact_text(text), artifact_file)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
