@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +28,18 @@ from mlflow import MlflowClient
 
 from tests.conftest import free_port, train_command
 from tests.tune_support import trained_trials
-from training.tracking.server import PostgresCluster, ServerSetupError, pg_bin_dir, wait_until_up
+from training.tracking.server import (
+    MAX_OVERFLOW_ENV,
+    POOL_SIZE_ENV,
+    WORKER_THREADS,
+    PostgresCluster,
+    ServerSetupError,
+    main,
+    max_connections,
+    pg_bin_dir,
+    pool_env,
+    wait_until_up,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ADMIN_PASSWORD = "Adm1n-test-pw-7c1f"  # a throwaway server's; the point is that it never shows up in a run
@@ -299,6 +311,98 @@ def test_server_stopped_mid_run_buffers_metrics_then_fails_naming_the_run_and_re
     for key in ("val/mAP", "train/loss"):
         steps = sorted(m.step for m in client.get_metric_history(run_id, key))
         assert steps == list(range(epochs)), (key, steps, output[-6000:], resumed.stderr[-3000:])  # each epoch once
+
+
+@pytest.mark.server
+def test_a_burst_of_concurrent_metric_writes_is_stored_whole(team_server, admin):
+    """Issue 33: 200 concurrent ``log_metric`` calls x 3 lost one to ``QueuePool limit ... reached`` (HTTP 400).
+
+    The burst is more than a worker runs at once (its thread limit), so requests queue for the store's connection
+    pool; each round starts together (a barrier) so the requests overlap rather than trickle in.
+    """
+    calls, rounds = 200, 3
+    assert int(team_server.cluster.psql("SHOW max_connections")) >= max_connections(workers=1)  # the fixture's one
+    run_id = admin.create_run(admin.create_experiment("load")).info.run_id
+    barrier = threading.Barrier(calls)
+    failures: list[str] = []
+
+    def write(step: int) -> None:
+        barrier.wait()
+        try:
+            admin.log_metric(run_id, "load", float(step), step=step)
+        except Exception as error:  # noqa: BLE001 - every lost write is reported, whatever MLflow raised
+            failures.append(f"step {step}: {str(error)[:200]}")
+
+    started = time.monotonic()
+    for r in range(rounds):
+        threads = [threading.Thread(target=write, args=(r * calls + i,)) for i in range(calls)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    elapsed = time.monotonic() - started
+    assert not failures, f"{len(failures)} of {calls * rounds} writes failed after {elapsed:.0f}s: {failures[:3]}"
+    steps = sorted(m.step for m in admin.get_metric_history(run_id, "load"))
+    assert steps == list(range(calls * rounds))
+
+
+def test_a_pool_sized_for_the_worker_serves_every_request_thread_at_once(tmp_path, monkeypatch):
+    """The engine MLflow builds from the server's pool variables hands out a connection to each of a worker's
+    request threads without waiting; with MLflow's default pool (5 + 10) the 16th waits 30 s, then fails."""
+    from mlflow.store.db.utils import create_sqlalchemy_engine  # what the server's stores build their engine with
+
+    for key, value in pool_env({}).items():
+        monkeypatch.setenv(key, value)
+    engine = create_sqlalchemy_engine(f"sqlite:///{tmp_path}/pool.db")
+    held = []
+    try:
+        started = time.monotonic()
+        held = [engine.connect() for _ in range(WORKER_THREADS)]
+        assert time.monotonic() - started < 10  # no connection waited for another to come back
+    finally:
+        for connection in held:
+            connection.close()
+        engine.dispose()
+
+
+def test_a_worker_runs_no_more_requests_at_once_than_its_pool_serves():
+    """The pool arithmetic's premise: MLflow runs its Flask app on anyio's default thread limiter (plus the event
+    loop's thread); an upgrade that changes either must change :data:`WORKER_THREADS` too."""
+    import inspect
+
+    import anyio
+    from mlflow.server import fastapi_app
+
+    async def tokens() -> float:
+        return anyio.to_thread.current_default_thread_limiter().total_tokens
+
+    assert anyio.run(tokens) + 1 == WORKER_THREADS
+    assert "anyio.to_thread.run_sync(self.wsgi," in inspect.getsource(fastapi_app._EfficientWSGIResponder.__call__)
+
+
+def test_pool_settings_of_the_operator_are_kept_and_too_small_ones_are_named(caplog):
+    assert pool_env({}) == {POOL_SIZE_ENV: "5", MAX_OVERFLOW_ENV: str(WORKER_THREADS - 5)}
+    assert not caplog.records
+    assert pool_env({POOL_SIZE_ENV: "50", MAX_OVERFLOW_ENV: "0"}) == {POOL_SIZE_ENV: "50", MAX_OVERFLOW_ENV: "0"}
+    assert max_connections(1, {POOL_SIZE_ENV: "50", MAX_OVERFLOW_ENV: "0"}) == 3 * 60 + 50  # MLflow reads 0 as 10
+    with caplog.at_level("WARNING"):
+        assert pool_env({POOL_SIZE_ENV: "5", MAX_OVERFLOW_ENV: "10"})[MAX_OVERFLOW_ENV] == "10"
+    assert "QueuePool limit" in caplog.text and "15 connections per pool" in caplog.text
+    with pytest.raises(ServerSetupError, match="whole numbers"):
+        pool_env({POOL_SIZE_ENV: "many"})
+    # PostgreSQL must accept every pool of every worker full: 3 pools of 41 per worker, plus 50 for the rest.
+    assert max_connections(1, pool_env({})) == 3 * 41 + 50
+    assert max_connections(2, pool_env({})) == 2 * 3 * 41 + 50
+
+
+def test_bad_server_settings_stop_make_server_with_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(POOL_SIZE_ENV, "lots")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--dir", str(tmp_path), "--setup-only", "--no-install"])
+    assert str(stopped.value).startswith("make server: ") and "\n" not in str(stopped.value)
+    monkeypatch.delenv(POOL_SIZE_ENV)
+    with pytest.raises(SystemExit, match="^make server: --workers must be at least 1"):
+        main(["--workers", "0", "--dir", str(tmp_path), "--setup-only"])
 
 
 def test_unreachable_server_at_start_fails_fast_and_creates_nothing(tmp_path):

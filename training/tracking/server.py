@@ -14,6 +14,8 @@ team would:
 * :func:`server_command` is the ``mlflow server`` command line: PostgreSQL backend store, served artifacts
   (clients upload and download through the server, never touching its disk), ``--app-name basic-auth``, bound to
   127.0.0.1 unless a host is given.
+* :func:`pool_env` sizes each worker's database connection pools for every request the worker can run at once
+  (see :data:`WORKER_THREADS`), and :func:`max_connections` what PostgreSQL must accept for that.
 
 Command line (what ``make server`` runs)::
 
@@ -51,6 +53,23 @@ PG_OS_USER = "postgres"
 ROLE = "mlflow"
 TRACKING_DB = "mlflow"
 AUTH_DB = "mlflow_auth"
+
+#: Requests one ``mlflow server`` worker runs at once. uvicorn hands every request to MLflow's Flask app on a thread
+#: of anyio's default limiter (``anyio.to_thread.run_sync``: 40 threads), and the auth middleware of the FastAPI
+#: routes checks passwords on the event loop's own thread (one more). Each holds at most one connection of a store
+#: at a time, so a pool this large never makes a request wait. MLflow's default (SQLAlchemy's 5 + 10 overflow) made
+#: the 16th concurrent request wait, 30 s at most, then fail with HTTP 400 "QueuePool limit of size 5 overflow 10
+#: reached", which MLflow's client does not retry: a burst of 600 metric writes lost one (issue 33).
+WORKER_THREADS = 40 + 1
+#: Connections a pool keeps open while idle; the rest, up to :data:`WORKER_THREADS`, are opened for a burst only.
+POOL_SIZE = 5
+#: Connection pools of a worker: the tracking and model-registry stores (each its own, on the tracking database)
+#: and the auth app's (on the auth database).
+POOLS_PER_WORKER = 3
+#: Connections left for everything else on the cluster: psql, Optuna workers on a study database, a second server.
+RESERVED_CONNECTIONS = 50
+POOL_SIZE_ENV = "MLFLOW_SQLALCHEMYSTORE_POOL_SIZE"
+MAX_OVERFLOW_ENV = "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW"
 
 
 class ServerSetupError(RuntimeError):
@@ -108,6 +127,8 @@ class PostgresCluster:
     port: int = 5432
     host: str = "127.0.0.1"
     bin_dir: Path = field(default_factory=pg_bin_dir)
+    #: PostgreSQL's own default; :func:`main` raises it to what the server's workers may open (``max_connections``).
+    max_connections: int = 100
 
     def _run(self, *cmd: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
         """Run a PostgreSQL program, as the ``postgres`` system user when we are root (PostgreSQL refuses root)."""
@@ -141,7 +162,7 @@ class PostgresCluster:
         """Start the cluster on ``host:port`` (a no-op when it is already running) and wait until it accepts."""
         if self.running():
             return
-        options = f"-p {self.port} -k {self.datadir} -c listen_addresses={self.host}"
+        options = f"-p {self.port} -k {self.datadir} -c listen_addresses={self.host} -c max_connections={self.max_connections}"
         self._run("pg_ctl", "start", "-D", str(self.datadir), "-w", "-t", "60", "-l",
                   str(self.datadir / "server.log"), "-o", options)  # fmt: skip
 
@@ -181,11 +202,14 @@ class ServerFiles:
     env: dict[str, str]
 
 
-def local_database(server_dir: Path, pg_port: int, install: bool = True) -> tuple[PostgresCluster, str, str]:
+def local_database(server_dir: Path, pg_port: int, install: bool = True,
+                   connections: int = 100) -> tuple[PostgresCluster, str, str]:  # fmt: skip
     """Initialise and start the deployment's own cluster; returns it and the tracking and auth database URLs.
 
     The role's password comes from ``MLFLOW_DB_PASSWORD`` or is generated once and kept (0600) beside the
-    cluster, so restarting ``make server`` keeps working without anyone typing it.
+    cluster, so restarting ``make server`` keeps working without anyone typing it. The cluster accepts
+    ``connections`` clients; one already running with fewer is kept (restarting it would cut off its other users)
+    and the log says so.
     """
     password = os.environ.get(DB_PASSWORD_ENV)
     stored = server_dir / "db_password"
@@ -193,9 +217,14 @@ def local_database(server_dir: Path, pg_port: int, install: bool = True) -> tupl
         password = stored.read_text().strip() if stored.is_file() else secrets.token_urlsafe(24)
     write_secret(stored, password)
     cluster = PostgresCluster(Path(os.environ.get("PGDATA") or server_dir / "pgdata").resolve(), pg_port,
-                              bin_dir=pg_bin_dir(install))  # fmt: skip
+                              bin_dir=pg_bin_dir(install), max_connections=connections)  # fmt: skip
     cluster.init()
     cluster.start()
+    accepted = int(cluster.psql("SHOW max_connections"))
+    if accepted < connections:
+        log.warning("PostgreSQL (already running) accepts %d connections, the server's workers may open %d: "
+                    "restart it (pg_ctl stop -D %s) so make server starts it with enough", accepted, connections,
+                    cluster.datadir)  # fmt: skip
     cluster.ensure_role_and_databases(ROLE, password, (TRACKING_DB, AUTH_DB))
     return cluster, cluster.url(ROLE, TRACKING_DB), cluster.url(ROLE, AUTH_DB)
 
@@ -274,14 +303,45 @@ def server_command(files: ServerFiles, host: str = "127.0.0.1", port: int = 5000
     ]  # fmt: skip
 
 
-def server_env(files: ServerFiles) -> dict[str, str]:
-    """The server process's environment: ours, plus the auth settings, minus the admin password variable.
+def pool_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """MLflow's pool variables sized so no request of a worker ever waits for a connection (:data:`WORKER_THREADS`).
+
+    Values already in ``environ`` are the operator's and are kept; ones too small for that are logged, since
+    requests beyond them can fail under load.
+    """
+    environ = os.environ if environ is None else environ
+    env = {POOL_SIZE_ENV: environ.get(POOL_SIZE_ENV) or str(POOL_SIZE),
+           MAX_OVERFLOW_ENV: environ.get(MAX_OVERFLOW_ENV) or str(WORKER_THREADS - POOL_SIZE)}  # fmt: skip
+    total = pool_connections(env)
+    if total < WORKER_THREADS:
+        log.warning("%s + %s = %d connections per pool, fewer than the %d requests a worker runs at once: requests "
+                    "beyond them wait and can fail with 'QueuePool limit ... reached'", POOL_SIZE_ENV,
+                    MAX_OVERFLOW_ENV, total, WORKER_THREADS)  # fmt: skip
+    return env
+
+
+def pool_connections(pool: dict[str, str]) -> int:
+    """Connections one pool opens at most under ``pool``'s variables, read as MLflow reads them (0 means unset)."""
+    try:
+        size, overflow = int(pool[POOL_SIZE_ENV]), int(pool[MAX_OVERFLOW_ENV])
+    except ValueError as error:
+        raise ServerSetupError(f"{POOL_SIZE_ENV} and {MAX_OVERFLOW_ENV} must be whole numbers: {error}") from error
+    return (size or 5) + (overflow or 10)  # SQLAlchemy's defaults, which MLflow leaves in place for a 0
+
+
+def max_connections(workers: int, pool: dict[str, str] | None = None) -> int:
+    """Connections PostgreSQL must accept: every pool of every worker full, plus :data:`RESERVED_CONNECTIONS`."""
+    return workers * POOLS_PER_WORKER * pool_connections(pool_env() if pool is None else pool) + RESERVED_CONNECTIONS
+
+
+def server_env(files: ServerFiles, pool: dict[str, str] | None = None) -> dict[str, str]:
+    """The server process's environment: ours, plus the auth and pool settings, minus the admin password variable.
 
     The admin password is read from the 0600 config file; dropping the variable keeps it out of the server's
     (and its workers') environment.
     """
     env = {k: v for k, v in os.environ.items() if k not in (ADMIN_PASSWORD_ENV, DB_PASSWORD_ENV)}
-    return {**env, **files.env}
+    return {**env, **(pool_env() if pool is None else pool), **files.env}
 
 
 def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -318,13 +378,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.workers < 1:
+            raise ServerSetupError(f"--workers must be at least 1, not {args.workers}")
+        pool = pool_env()
+        connections = max_connections(args.workers, pool)
         if args.database_url:
             backend = args.database_url
             auth = args.auth_database_url or urlunsplit(urlsplit(backend)._replace(path=f"/{AUTH_DB}"))
             db_password = os.environ.get("PGPASSWORD")  # else libpq's own ~/.pgpass
+            log.info("the database must accept up to %d connections (max_connections) for %d workers", connections,
+                     args.workers)  # fmt: skip
         else:
             require_admin_password()  # before a cluster is created for nothing
-            _, backend, auth = local_database(args.dir, args.pg_port, install=not args.no_install)
+            _, backend, auth = local_database(args.dir, args.pg_port, install=not args.no_install,
+                                              connections=connections)  # fmt: skip
             db_password = (args.dir / "db_password").read_text().strip()
         files = prepare_server(args.dir, backend, auth, db_password, args.artifacts)
     except ServerSetupError as error:
@@ -335,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     log.info("serving http://%s:%d (backend %s, artifacts %s, basic auth on)", args.host, args.port, backend,
              files.artifacts)  # fmt: skip
-    os.execve(command[0] if os.path.isabs(command[0]) else shutil.which(command[0]), command, server_env(files))
+    os.execve(command[0] if os.path.isabs(command[0]) else shutil.which(command[0]), command, server_env(files, pool))
 
 
 if __name__ == "__main__":

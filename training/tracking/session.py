@@ -37,7 +37,9 @@ from training.tracking.health import TrackingUnavailable, check_reachable, is_re
 from training.tracking.redaction import redact, redact_tags, redact_text
 from training.tracking.resume import RUN_KEY_TAG, find_resumable, run_key
 from training.tracking.run_logger import UNSENT_FILE, RunLogger, log_metric_batch
-from training.tracking.uri import is_local_store, resolve_tracking_uri
+from training.tracking.store_lock import ensure_store
+from training.tracking.tracked_run import ensure_experiment
+from training.tracking.uri import is_local_store, resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,7 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     """
     uri = tracking_uri(cfg)
     check_reachable(uri)
+    ensure_store(uri)  # before any client: trainings started together on a fresh store must not both migrate it
     checkpoint_root = Path(cfg.tracking.checkpoint_root).resolve()
     local_store = is_local_store(uri)
     # A local store gets its artifacts under mlruns/artifacts; a tracking server decides for itself.
@@ -225,6 +228,8 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
         logger.experiment.update_run(run_id, status="RUNNING")
         log.info("resuming run %s from %s", run_id, last)
     else:
+        # Created here, where two first trainings at once are tolerated; Lightning's logger would fail the second.
+        ensure_experiment(tracking_client(uri), cfg.tracking.experiment, uri, cfg.tracking.artifact_root)
         logger = RunLogger(
             experiment_name=cfg.tracking.experiment, run_name=cfg.run_name, tracking_uri=uri,
             artifact_location=artifact_location, tags=run_tags,

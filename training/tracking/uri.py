@@ -28,11 +28,17 @@ def resolve_tracking_uri(configured: str | None = None) -> str:
 def tracking_client(uri: str | None = None) -> MlflowClient:
     """An ``MlflowClient`` on ``uri`` (already resolved by the caller) or on :func:`resolve_tracking_uri`'s store.
 
-    The only place a client is made outside the training logger, so no command can end up on another store.
+    The only place a client is made outside the training logger, so no command can end up on another store. The
+    store is opened through :func:`training.tracking.store_lock.ensure_store` first, so commands started together
+    on a fresh SQLite store do not race through its creation.
     """
     from mlflow import MlflowClient  # imported here: `python -m training.tracking.uri` serves the Makefile fast
 
-    return MlflowClient(uri or resolve_tracking_uri())
+    from training.tracking.store_lock import ensure_store
+
+    uri = uri or resolve_tracking_uri()
+    ensure_store(uri)
+    return MlflowClient(uri)
 
 
 def is_local_store(uri: str) -> bool:
