@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from training.tracking import health
 from training.tracking.health import TrackingUnavailable, check_reachable, is_remote
 from training.tracking.redaction import redact, redact_tags, redact_text
-from training.tracking.resume import RUN_KEY_TAG, find_resumable, run_key
+from training.tracking.resume import RUN_KEY_TAG, ResumeRefused, check_same_config, find_resumable, run_key
 from training.tracking.run_logger import UNSENT_FILE, RunLogger, log_metric_batch
 from training.tracking.store_lock import ensure_store
 from training.tracking.tracked_run import ensure_experiment
@@ -218,7 +218,11 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     elif cfg.resume:
         last = checkpoint_root / str(cfg.resume) / "last.ckpt"
         if not last.is_file():
-            raise FileNotFoundError(f"resume={cfg.resume}: no checkpoint at {last}")
+            raise ResumeRefused(
+                f"resume={cfg.resume}: no checkpoint at {last} (a training keeps its last.ckpt under "
+                "tracking.checkpoint_root/<run id>)"
+            )
+        check_same_config(uri, str(cfg.resume), key, flatten(cfg))
         found = (str(cfg.resume), last)
 
     run_tags = redact_tags({**tags, RUN_KEY_TAG: key, "mlflow.source.git.commit": git_commit()})
