@@ -148,7 +148,9 @@ def tampered(tmp_path):
 
 def test_a_checkpoint_with_a_pickled_object_is_refused(tampered):
     path, marker = tampered
-    with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint {path} holds pickled Python objects \(\S+\), not only tensors"):
+    with pytest.raises(
+        UnsafeCheckpoint, match=rf"checkpoint {path} holds pickled Python objects \(\S+\), not only tensors"
+    ):
         AtomicCheckpointIO().load_checkpoint(path)  # one line naming the file and the object, no torch essay
     with pytest.raises(ValueError, match="weights_only=False"):
         AtomicCheckpointIO().load_checkpoint(path, weights_only=False)
