@@ -14,6 +14,16 @@ from training.models.factory import model_from_config
 from training.runs import load_finished
 
 
+class Payload:
+    """Unpickling this writes ``marker``: what ``torch.load(weights_only=False)`` of an attacker's file does."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
 def fabricate_finished_run(tmp: Path) -> tuple[MlflowClient, str, dict]:
     """``(client, run id, its plain config)``: a FINISHED task1 smoke run in a sqlite store under ``tmp``, with the
     ``config.yaml`` and ``checkpoints/best.ckpt`` (a freshly built network's weights) that loading needs."""

@@ -15,19 +15,11 @@ import torch
 
 from apps.serving import CXRClassifierModel
 from tests.conftest import PROJECT_ROOT, train_command
-from tests.finished_runs import fabricate_finished_run
+from tests.finished_runs import Payload, fabricate_finished_run
 from training.checkpoint_io import UnsafeCheckpoint
 from training.runs import load_finished
 from training.tracking.artifacts import UnsafeArtifact
 from training.tracking.resume import RUN_KEY_TAG
-
-
-class Payload:
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return Path.touch, (self.marker,)
 
 
 def artifact_folder(client, run_id: str) -> Path:

@@ -25,20 +25,10 @@ from apps.evaluate import evaluate_run
 from apps.registry import ensure_full_evaluation
 from apps.serving import CXRClassifierModel
 from apps.submit import run_manifest
-from tests.finished_runs import fabricate_finished_run
+from tests.finished_runs import Payload, fabricate_finished_run
 from training.runs import load_finished
 from training.stages import ClassifierRetraining
 from training.targets import UnsafeConfig, allowed_targets
-
-
-class Payload:
-    """Unpickling this writes the marker: what ``torch.load(weights_only=False)`` of an attacker's file does."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return Path.touch, (self.marker,)
 
 
 def payloads(tmp: Path) -> dict[str, dict]:
