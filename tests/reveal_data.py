@@ -76,9 +76,30 @@ def dicom_copy(source: Path, target: Path) -> None:
         write_display_dicom(target / rel.replace(".png", ".dcm"), pixels, photometric, acquisition_tags(i))
 
 
-def write_release_folder(root: Path, n: int = 12, size: int = 32) -> pd.DataFrame:
-    """A release-shaped folder: ``labels.csv`` (study id, three of the labels, agreement level, subset) and
-    ``images/<study>/`` with a lateral and a frontal DICOM file each (the frontal one is the study's image)."""
+RATING_PATTERNS = (
+    ("Agree all", "Agree all", "Agree all"),
+    ("Agree all", "Agree all", "Agree mostly"),
+    ("Agree mostly", "agree mostly", "Disagree"),  # case as a hand-made table might have it
+    ("Disagree", "Disagree", "Agree all"),
+    ("Agree all", "Agree mostly", "Disagree"),  # no majority rating
+    ("Agree all", "Disagree", "Disagree"),
+)
+"""Study ``i``'s three ratings are ``RATING_PATTERNS[i % 6]`` (rater 3 leaves study 7 blank): the majority rating
+varies, as on the 1,000 studies REVEAL-CXR's readers rated (the 200 kept all have a majority of "Agree all")."""
+
+RATERS = ("rating_1", "rating_2", "rating_3")
+
+
+def demographics_of(i: int) -> dict[str, str]:
+    """Age (a number), sex and race (blank on every fourth study) of study ``i``; no patient class column."""
+    return {"age": str(30 + 3 * i), "sex": ("F", "M", "M")[i % 3], "race": ("White", "Black", "Asian", "")[i % 4]}
+
+
+def write_release_folder(root: Path, n: int = 12, size: int = 32, ratings: bool = False,
+                         demographics: bool = False) -> pd.DataFrame:  # fmt: skip
+    """A release-shaped folder: ``labels.csv`` (study id, three of the labels, agreement level, subset; with
+    ``ratings`` each reader's rating, with ``demographics`` age, sex and race) and ``images/<study>/`` with a lateral
+    and a frontal DICOM file each (the frontal one is the study's image)."""
     rng = np.random.default_rng(1)
     rows = []
     for i in range(n):
@@ -91,6 +112,12 @@ def write_release_folder(root: Path, n: int = 12, size: int = 32) -> pd.DataFram
         rows.append({"study_id": study, "airspace_opacity": t["airspace_opacity"], "lung_nodule": t["nodule_mass"],
                      "pneumothorax": t["pneumothorax"], "agreement": ("3/3", "2")[i % 3 == 0],
                      "subset": ("released", "holdout")[i % 2]})  # fmt: skip
+        if ratings:
+            given = list(RATING_PATTERNS[i % len(RATING_PATTERNS)])
+            given[2] = "" if i == 7 else given[2]
+            rows[-1].update(zip(RATERS, given, strict=True))
+        if demographics:
+            rows[-1].update(demographics_of(i))
     table = pd.DataFrame(rows)
     table.to_csv(root / "labels.csv", index=False)
     return table

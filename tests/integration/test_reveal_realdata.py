@@ -1,5 +1,6 @@
 """The REVEAL-CXR protocol on the NIH expert relabelling (../shared/data/nih-expert: 61 images, three of 11
-radiologists each), and on a DICOM copy of some of its images, which must score exactly as the PNGs."""
+radiologists each), and on a DICOM copy of some of its images, which must score exactly as the PNGs; its
+demographics (age and sex only) and why it has no rating kappa."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from sklearn.metrics import cohen_kappa_score
 
 from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.protocol import Extras
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from apps.benchmarks.reveal.agreement import majority
 from tests.benchmark_data import write_tiny_clip
@@ -79,3 +81,24 @@ def test_a_dicom_copy_of_real_images_scores_exactly_as_the_pngs(tmp_path):
     png_scores, dcm_scores = (r.scores.drop(columns="study_id") for r in results)  # ids differ by extension only
     pd.testing.assert_frame_equal(png_scores, dcm_scores)
     assert results[0].table["value"].notna().sum() > 20
+
+
+def test_the_stand_in_has_age_and_sex_but_no_ratings_race_or_patient_class():
+    root = shared_data("nih-expert")
+    draw = draw_subsets(PROTOCOL, root)
+    study = PROTOCOL.study
+    extras = Extras()
+    rating = PROTOCOL.rating_section(study, draw.test.targets, np.empty((0, len(draw.test)), int), extras)
+    assert study.ratings is None and "n/a (reads.csv holds each reader's 0/1 reads of the findings" in rating
+    assert not extras.tables and not extras.metrics  # nothing to log: the NIH readers rated no suggested labels
+    PROTOCOL.demographics_section(study, extras)
+    frame = extras.tables["demographics"].set_index(["characteristic", "level", "subset"])
+    adjudicated = pd.read_csv(root / "adjudicated.csv")
+    for sex, count in adjudicated["sex"].value_counts().items():
+        assert frame.loc[("sex", sex, "all"), "value"] == count
+    assert frame.loc[("age", "n", "all"), "value"] == adjudicated["age"].notna().sum() == 61
+    assert frame.loc[("age", "mean", "all"), "value"] == pytest.approx(adjudicated["age"].mean())
+    assert frame.loc[("age", "median", "all"), "value"] == pytest.approx(adjudicated["age"].median())
+    for name, column in (("race", "race"), ("patient class", "patient_class")):
+        note = frame.loc[(name, "not in this release", "all"), "note"]
+        assert note == f"no column '{column}' in reads.csv and adjudicated.csv"

@@ -1,4 +1,5 @@
-"""Reader agreement: kappa against sklearn and by hand, majority votes by hand, the bootstrap against a naive loop."""
+"""Reader agreement: the label kappa and the rating kappa against sklearn and by hand, majority votes by hand, the
+bootstraps against a naive loop."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ from apps.benchmarks.reveal.agreement import (
     pair_indicator,
     reader_agreement,
     verdicts,
+)
+from apps.benchmarks.reveal.ratings import (
+    constant_majority,
+    kappa_from_confusion,
+    majority_rating,
+    others_rating,
+    rating_agreement,
 )
 from evaluation.bootstrap import percentile_ci, resample_indices
 
@@ -267,3 +275,127 @@ def test_plot_has_one_row_per_finding_and_overall(agreement):
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b", "c", OVERALL]
     assert "leave-one-out" in fig.axes[0].get_xlabel()
     fig.savefig(io.BytesIO(), format="png")  # renders without a display
+
+
+# --- the readers' rating kappa (Agree all / Agree mostly / Disagree vs the majority rating) ----------------------
+
+# Five studies rated by three readers: 0 = Agree all, 1 = Agree mostly, 2 = Disagree. Study 4 has no majority.
+RATED = np.array([[0, 0, 0], [0, 0, 1], [1, 1, 2], [2, 2, 0], [0, 1, 2]])
+CARRIES = np.array([[False], [True], [True], [False], [True]])  # the studies that carry finding "x"
+
+
+def sk_rating_kappa(ratings: np.ndarray, reference: np.ndarray, weights=None, sample_weight=None) -> float:
+    """sklearn's kappa of every (rating, reference) pair with both present, NaN where it is undefined."""
+    pairs = np.broadcast_to(reference[:, None], ratings.shape)
+    keep = (ratings >= 0) & (pairs >= 0)
+    if not keep.any():
+        return float("nan")
+    w = None if sample_weight is None else np.broadcast_to(sample_weight[:, None], ratings.shape)[keep]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(cohen_kappa_score(ratings[keep], pairs[keep], labels=[0, 1, 2], weights=weights,
+                                       sample_weight=w))  # fmt: skip
+
+
+def pooled_row(table: pd.DataFrame, finding: str, reference: str = "majority") -> pd.Series:
+    return row(table, reference, ALL_READERS, finding)
+
+
+def test_majority_and_others_rating_by_hand():
+    assert majority_rating(RATED).tolist() == [0, 0, 1, 2, -1]
+    # Study 1 (0, 0, 1): reader 0's others are (0, 1), a tie; reader 2's are (0, 0) -> 0. Study 4: always a tie.
+    assert others_rating(RATED)[1].tolist() == [-1, -1, 0] and others_rating(RATED)[4].tolist() == [-1, -1, -1]
+    # A blank rating neither votes nor is scored: (0, blank, 1) has no majority; (0, 0, blank) has 0.
+    assert majority_rating(np.array([[0, -1, 1], [0, 0, -1]])).tolist() == [-1, 0]
+
+
+def test_rating_kappa_by_hand_and_with_scikit_learn():
+    table = rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None)
+    # Studies 0-3 against their majority (0, 0, 1, 2), all readers pooled: 12 pairs; study 4 (tie) is left out.
+    # Confusion (rows reader, columns majority): [[5, 0, 1], [1, 2, 0], [0, 1, 2]]; margins r = c = (6, 3, 3).
+    # po = 9/12 = 0.75; pe = (36 + 9 + 9) / 144 = 0.375; kappa = (0.75 - 0.375) / 0.625 = 0.6.
+    overall = pooled_row(table, OVERALL)
+    assert (overall["n"], overall["n_tie"]) == (12, 3)
+    assert overall["kappa"] == pytest.approx(0.6)
+    # Finding x (studies 1, 2; study 4 ties): confusion [[2, 0, 0], [1, 2, 0], [0, 1, 0]], r = (2, 3, 1),
+    # c = (3, 3, 0); po = 4/6, pe = (6 + 9 + 0) / 36 = 15/36; kappa = (24 - 15) / (36 - 15) = 3/7.
+    assert pooled_row(table, "x")["kappa"] == pytest.approx(3 / 7) and pooled_row(table, "x")["n"] == 6
+    # Linear weights |i - j|: weighted disagreement 2 + 1 + 1 = 4; sum_ij |i - j| r_i c_j / n = 126 / 12 = 10.5;
+    # kappa = 1 - 4 / 10.5 = 13/21.
+    linear = rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None, weights="linear")
+    assert pooled_row(linear, OVERALL)["kappa"] == pytest.approx(13 / 21)
+    reference = majority_rating(RATED)
+    for weights, got in ((None, table), ("linear", linear)):
+        assert pooled_row(got, OVERALL)["kappa"] == pytest.approx(sk_rating_kappa(RATED, reference, weights))
+        assert pooled_row(got, "x")["kappa"] == pytest.approx(
+            sk_rating_kappa(RATED[CARRIES[:, 0]], reference[CARRIES[:, 0]], weights))  # fmt: skip
+    # One reader: reader c rates (0, 1, 2, 0) against (0, 0, 1, 2) -> sklearn's kappa of those four pairs.
+    assert row(table, "majority", "c", OVERALL)["kappa"] == pytest.approx(
+        cohen_kappa_score([0, 1, 2, 0], [0, 0, 1, 2], labels=[0, 1, 2]))  # fmt: skip
+
+
+@pytest.mark.parametrize("weights", [None, "linear", "quadratic"])
+def test_confusion_kappa_equals_scikit_learn_on_random_weighted_data(weights):
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        n = int(rng.integers(2, 30))
+        a = rng.integers(0, 3, n)
+        b = np.where(rng.random(n) < 0.6, a, rng.integers(0, 3, n))
+        w = rng.integers(0, 4, n).astype(float)
+        w[0] = 1.0  # sklearn refuses all-zero weights
+        counts = np.zeros((3, 3))
+        np.add.at(counts, (a, b), w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = cohen_kappa_score(a, b, labels=[0, 1, 2], weights=weights, sample_weight=w)
+        assert kappa_from_confusion(counts, weights) == pytest.approx(expected, nan_ok=True, abs=1e-12)
+    assert np.isnan(kappa_from_confusion(np.diag([4.0, 0, 0])))  # both raters constant and identical
+    assert np.isnan(kappa_from_confusion(np.zeros((3, 3))))
+    with pytest.raises(ValueError, match="weights must be one of"):
+        kappa_from_confusion(np.eye(3), "cubic")
+
+
+def random_ratings(n=60, readers=3, findings=2, seed=0):
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, 3, (n, 1))
+    ratings = np.where(rng.random((n, readers)) < 0.7, truth, rng.integers(0, 3, (n, readers)))
+    ratings[rng.random(ratings.shape) < 0.05] = -1
+    return ratings, rng.random((n, findings)) < 0.4
+
+
+def test_rating_kappa_intervals_contain_the_estimate_are_seeded_and_equal_a_naive_loop():
+    ratings, carries = random_ratings()
+    resamples = resample_indices(len(ratings), 200, seed=11)
+    table = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resamples)
+    again = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resample_indices(len(ratings), 200, 11))
+    pd.testing.assert_frame_equal(table, again)  # the same seed gives the same intervals
+    other = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resample_indices(len(ratings), 200, 12))
+    assert not np.allclose(other["ci_low"], table["ci_low"], equal_nan=True)  # and another seed other intervals
+    reference = majority_rating(ratings)
+    for k, finding in enumerate(["f", "g", OVERALL]):
+        got = pooled_row(table, finding)
+        assert got["ci_low"] <= got["kappa"] <= got["ci_high"]
+        keep = carries[:, k] if k < 2 else np.ones(len(ratings), bool)
+        # each resample scored from scratch: the resampled studies with their (whole-sample) majority rating
+        replicates = [sk_rating_kappa(ratings[idx][keep[idx]], reference[idx][keep[idx]]) for idx in resamples]
+        assert (got["ci_low"], got["ci_high"]) == pytest.approx(percentile_ci(np.array(replicates), 0.95))
+        multiplicity = np.bincount(resamples[0], minlength=len(ratings)).astype(float)
+        first = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resamples[:1])
+        assert pooled_row(first, finding)["ci_low"] == pytest.approx(
+            sk_rating_kappa(ratings[keep], reference[keep], sample_weight=multiplicity[keep]))  # fmt: skip
+
+
+def test_a_constant_majority_rating_gives_kappa_zero_by_construction():
+    # Every study with at least two "Agree all" (how REVEAL-CXR kept its 200): the majority is always Agree all.
+    kept = np.array([[0, 0, 0], [0, 0, 1], [0, 2, 0], [1, 0, 0], [0, 0, 0]])
+    assert constant_majority(kept) == "agree all" and constant_majority(RATED) is None
+    table = rating_agreement(kept, ["a", "b", "c"], np.ones((5, 1), bool), ["x"], None)
+    assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(0.0)
+    assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(sk_rating_kappa(kept, majority_rating(kept)))
+
+
+def test_ratings_reject_codes_and_shapes_they_do_not_know():
+    with pytest.raises(ValueError, match="coded 0..2"):
+        majority_rating(np.array([[0, 3]]))
+    with pytest.raises(ValueError, match="carries must be"):
+        rating_agreement(RATED, ["a", "b", "c"], CARRIES[:3], ["x"], None)

@@ -20,11 +20,12 @@ from apps.benchmarks import cli
 from apps.benchmarks.framework.catalog import CONFIG_DIR, load_protocol
 from apps.benchmarks.framework.protocol import BadInput, Prediction
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.reveal.demographics import demographics
 from apps.benchmarks.reveal.reader_study import read_reader_table, read_release
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import PROJECT_ROOT
 from tests.dicom_files import write_display_dicom
-from tests.reveal_data import READERS, dicom_copy, truth, write_reader_folder, write_release_folder
+from tests.reveal_data import RATERS, READERS, dicom_copy, truth, write_reader_folder, write_release_folder
 from training.data.label_names import REVEAL_LABELS, REVEAL_OUTPUTS
 
 pytest.importorskip("pydicom")
@@ -190,10 +191,10 @@ def test_scores_per_label_and_stratum_match_scikit_learn(tmp_path):
             if 0 < y.sum() < y.size:
                 assert values[f"{key}/auroc"] == pytest.approx(roc_auc_score(y, s))
                 assert values[f"{key}/ap"] == pytest.approx(average_precision_score(y, s))
-                assert values[f"{key}/kappa"] == pytest.approx(cohen_kappa_score(y, c))
+                assert values[f"{key}/label_kappa"] == pytest.approx(cohen_kappa_score(y, c))
                 assert values[f"{key}/f1"] == pytest.approx(f1_score(y, c))
     pooled = cohen_kappa_score(truth_.labels.ravel(), calls.ravel())
-    assert values["all/micro/kappa"] == pytest.approx(pooled)
+    assert values["all/micro/label_kappa"] == pytest.approx(pooled)
     finite = [values[f"all/{label.replace(' ', '_')}/auroc"] for label in truth_.names]
     assert values["all/macro/auroc"] == pytest.approx(np.nanmean(finite))
     assert np.isnan(values["all/aneurysm/auroc"])  # no reference in this data
@@ -207,7 +208,7 @@ def test_a_missing_reference_is_left_out_of_that_label_only(tmp_path):
     labels[0, 0] = -1
     scores = np.where(t.labels == 1, 0.9, 0.1)
     values = reveal().score(dataclasses.replace(t, labels=labels), Prediction(scores, scores > 0.5))
-    assert values["all/airspace_opacity/kappa"] == 1.0 and values["all/pneumothorax/kappa"] == 1.0
+    assert values["all/airspace_opacity/label_kappa"] == 1.0 and values["all/pneumothorax/label_kappa"] == 1.0
 
 
 # --- end to end --------------------------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ def test_the_dicom_copy_scores_exactly_like_the_pngs(tmp_path):
     dcm = run(reveal(tmp_path, **{"readers.subset": "subset"}), tmp_path / "dcm", spec)
     pd.testing.assert_frame_equal(png.table, dcm.table)
     assert png.table["value"].notna().sum() > 20
-    pd.testing.assert_frame_equal(png.extras.tables["readers_kappa"], dcm.extras.tables["readers_kappa"])
+    pd.testing.assert_frame_equal(png.extras.tables["readers_label_kappa"], dcm.extras.tables["readers_label_kappa"])
     assert "acquisition_balance" not in png.extras.tables  # PNGs carry no acquisition tags
     balance = dcm.extras.tables["acquisition_balance"].set_index("field")
     assert balance.loc["Manufacturer", "n"] == 16 and balance.loc["Manufacturer", "p_value"] < 0.001  # by design
@@ -243,22 +244,24 @@ def test_reveal_through_the_command_line_into_mlflow(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "**Model vs the reference, all studies** (16 studies; 95% CI)" in out
     assert "| aneurysm | - | n/a: reads.csv has no column for it |" in out
-    assert "**Readers' agreement**" in out and "**Model vs readers**" in out
+    assert "**Readers' label kappa**" in out and "**Model vs readers**" in out
     assert "**Acquisition balance**: n/a (the studies are not DICOM files" in out
     client = MlflowClient(uri)
     run_ = client.search_runs([client.get_experiment_by_name("benchmark-reveal").experiment_id])[0]
     artifacts = {a.path for a in client.list_artifacts(run_.info.run_id)}
     assert {
-        "readers_kappa.csv",
-        "readers_kappa.png",
-        "kappa_verdicts.csv",
+        "readers_label_kappa.csv",
+        "readers_label_kappa.png",
+        "label_kappa_verdicts.csv",
+        "demographics.csv",
         "label_mapping.csv",
         "table.md",
     } <= artifacts
     metrics = run_.data.metrics
     assert "model/all/airspace_opacity/auroc" in metrics and "model/all/airspace_opacity/auroc_ci_low" in metrics
     assert "model/all/aneurysm/auroc" not in metrics  # n/a is not logged as a number
-    assert 0 < metrics["readers/majority/overall/kappa"] <= 1
+    assert 0 < metrics["readers/majority/overall/label_kappa"] <= 1
+    assert "model/all/micro/label_kappa" in metrics and not any(key.endswith("rating_kappa") for key in metrics)
     assert run_.data.params["layout"] == "readers" and run_.data.params["n_readers"] == "4"
 
 
@@ -281,3 +284,105 @@ def test_make_dicom_balance_prints_and_writes_the_chi_square_tables(tmp_path):
     bad = subprocess.run([*make, "BY=site"], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "make dicom-balance: no column 'site' in the study table" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+# --- the readers' rating kappa and the demographics ----------------------------------------------------------------
+
+
+def test_a_bad_rating_is_one_named_error(tmp_path):
+    write_release_folder(tmp_path, n=4, ratings=True)
+    table = pd.read_csv(tmp_path / "labels.csv", dtype=str, keep_default_na=False)
+    table.loc[2, "rating_2"] = "Agree somewhat"
+    table.to_csv(tmp_path / "labels.csv", index=False)
+    protocol = reveal(tmp_path, **{"release.ratings": list(RATERS)})
+    with pytest.raises(BadInput, match=re.escape("labels.csv line 4, column rating_2: rating 'Agree somewhat' is not")):
+        read_release(tmp_path, protocol.release, REVEAL_LABELS)
+
+
+def test_the_release_ratings_give_the_rating_kappa_beside_the_label_kappa_in_tables_metrics_and_report(tmp_path):
+    table = write_release_folder(tmp_path / "data", n=12, ratings=True, demographics=True)
+    protocol = reveal(tmp_path, **{"release.ratings": list(RATERS)})
+    result = run(protocol, tmp_path / "data", write_tiny_clip(tmp_path / "clip"), n_boot=50)
+    codes = table[list(RATERS)].apply(lambda c: c.str.lower().map({"agree all": 0, "agree mostly": 1, "disagree": 2}))
+    ratings = codes.fillna(-1).to_numpy(dtype=int)  # (12, 3); the release is already sorted by study id
+    majority = [max(set(r) - {-1}, key=list(r).count) if max(list(r).count(v) for v in set(r) - {-1}) >= 2 else -1
+                for r in ratings]  # fmt: skip
+    reference = np.broadcast_to(np.array(majority)[:, None], ratings.shape)
+    keep = (ratings >= 0) & (reference >= 0)
+    expected = cohen_kappa_score(ratings[keep], reference[keep], labels=[0, 1, 2])
+    kappa = result.extras.tables["readers_rating_kappa"]
+    pooled = kappa[(kappa["reference"] == "majority") & (kappa["reader"] == "all readers")].set_index("finding")
+    assert pooled.loc["overall", "rating_kappa"] == pytest.approx(expected)
+    assert pooled.loc["overall", "n"] == keep.sum() == 36 - 6 - 1
+    # studies 4 and 10 have no majority rating (3 ratings each); study 7's third reader rated nothing
+    assert (pooled.loc["overall", "n_tie"], pooled.loc["overall", "n_blank"]) == (6, 1)
+    opacity = table["airspace_opacity"].to_numpy() == 1  # the per-finding kappa: the studies that carry it
+    keep_o = keep & opacity[:, None]
+    assert pooled.loc["airspace opacity", "rating_kappa"] == pytest.approx(
+        cohen_kappa_score(ratings[keep_o], reference[keep_o], labels=[0, 1, 2]))  # fmt: skip
+    metrics = result.extras.metrics
+    assert metrics["readers/majority/overall/rating_kappa"] == pytest.approx(expected)
+    assert metrics["readers/majority/overall/rating_kappa_ci_low"] <= expected
+    assert not any(key.endswith("/label_kappa") for key in metrics)  # the release has no per-reader 0/1 reads
+    report = "\n\n".join(result.extras.sections)
+    assert f"| overall | 12 | {expected:.3f} [" in report and "Cohen's unweighted kappa" in report
+    assert "| F1 | Label kappa |" in protocol.report_table(result)  # the model's kappa is named a label kappa
+
+
+def test_a_reader_table_says_why_it_has_no_rating_kappa(tmp_path):
+    write_reader_folder(tmp_path / "data", n=8)
+    result = run(reveal(), tmp_path / "data", write_tiny_clip(tmp_path / "clip"), n_boot=20)
+    report = "\n\n".join(result.extras.sections)
+    assert ("**Readers' rating kappa** (Agree all / Agree mostly / Disagree vs the majority rating): n/a (reads.csv "
+            "holds each reader's 0/1 reads of the findings") in report  # fmt: skip
+    assert "readers_rating_kappa" not in result.extras.tables
+    assert not any(key.endswith("rating_kappa") for key in result.extras.metrics)
+    assert any(key.endswith("/label_kappa") for key in result.extras.metrics)
+
+
+def test_demographics_counts_equal_a_plain_pandas_count(tmp_path):
+    table = write_release_folder(tmp_path, n=12, demographics=True)
+    protocol = reveal()
+    study = read_release(tmp_path, protocol.release, REVEAL_LABELS)
+    frame = demographics(study.table, protocol.demographic_columns, protocol.demographic_numeric, "subset",
+                         "labels.csv")  # fmt: skip
+    got = frame.set_index(["characteristic", "level", "subset"])
+    for name in ("sex", "race"):
+        counts = pd.crosstab(table[name].replace("", "missing"), table["subset"])  # a blank cell: "missing"
+        for level in counts.index:
+            for subset in ("released", "holdout"):
+                assert got.loc[(name, level, subset), "value"] == counts.loc[level, subset]
+                share = 100 * counts.loc[level, subset] / (table["subset"] == subset).sum()
+                assert got.loc[(name, level, subset), "percent"] == pytest.approx(share)
+            assert got.loc[(name, level, "all"), "value"] == counts.loc[level].sum()
+    assert got.loc[("race", "missing", "all"), "value"] == 3  # studies 3, 7, 11
+    table["age"] = table["age"].astype(int)
+    ages = table.groupby("subset")["age"].agg(["count", "mean", "std", "median", "min", "max"])
+    for subset in ("released", "holdout"):
+        for level, column in (("n", "count"), ("mean", "mean"), ("sd", "std"), ("median", "median"),
+                              ("min", "min"), ("max", "max")):  # fmt: skip
+            assert got.loc[("age", level, subset), "value"] == pytest.approx(ages.loc[subset, column])
+        q1 = table.loc[table["subset"] == subset, "age"].quantile(0.25)
+        assert got.loc[("age", "q1", subset), "value"] == pytest.approx(q1)
+    assert got.loc[("age", "mean", "all"), "value"] == pytest.approx(table["age"].mean())
+    absent = frame[frame["characteristic"] == "patient class"]
+    assert absent[["level", "subset"]].values.tolist() == [["not in this release", "all"]]
+    assert absent["note"].iloc[0] == "no column 'patient_class' in labels.csv"
+
+
+def test_missing_demographic_columns_are_named_rows_not_an_error(tmp_path):
+    write_reader_folder(tmp_path / "data", n=8)  # no age, sex, race or patient class anywhere
+    result = run(reveal(), tmp_path / "data", write_tiny_clip(tmp_path / "clip"), n_boot=0)
+    frame = result.extras.tables["demographics"]
+    assert frame[["characteristic", "level", "subset"]].values.tolist() == [
+        [name, "not in this release", "all"] for name in ("age", "sex", "race", "patient class")
+    ]
+    assert frame["note"].iloc[0] == "no column 'age' in reads.csv and adjudicated.csv"
+    report = "\n\n".join(result.extras.sections)
+    assert "| sex | not in this release |" in report and "Not in this release: age (no column 'age'" in report
+    ages = pd.DataFrame({"age": ["71", ">89", ""], "subset": ["a", "b", "a"]})  # a censored age: counted by value
+    counted = demographics(ages, {"age": "age", "sex": None}, ["age"], "subset")
+    assert counted.set_index(["level", "subset"]).loc[(">89", "b"), "value"] == 1
+    assert "not numeric everywhere (e.g. '>89')" in counted["note"].iloc[0]
+    assert counted.iloc[-1][["characteristic", "level"]].tolist() == ["sex", "not in this release"]
+    assert "null" in counted.iloc[-1]["note"]

@@ -8,11 +8,17 @@
   mapped to the label in :data:`training.data.label_names.REVEAL_OUTPUTS`; an image-text model's prompt margin)
   and its own call (the run's per-class validation thresholds, 0.5 without; a positive margin).
 - Metrics per label, macro (mean over labels with a defined value) and micro (all (study, label) pairs pooled):
-  AUROC, AP, and at the model's call sensitivity, specificity, F1 and Cohen's kappa, overall and per stratum;
-  1,000 resamples of studies (a study keeps all its labels and readers), seeded.
-- Readers (when the data has per-reader reads): each reader's kappa against the majority of the *other* readers
-  and against the full majority, per label and pooled, on the same resamples; the model's kappa beside them with
-  a verdict per label (:mod:`apps.benchmarks.reveal.agreement`).
+  AUROC, AP, and at the model's call sensitivity, specificity, F1 and the label kappa (Cohen's kappa of the
+  0/1 calls with the reference), overall and per stratum; 1,000 resamples of studies (a study keeps all its
+  labels and readers), seeded.
+- Readers' label kappa (when the data has per-reader 0/1 reads): each reader's kappa against the majority of the
+  *other* readers and against the full majority, per label and pooled, on the same resamples; the model's label
+  kappa beside them with a verdict per label (:mod:`apps.benchmarks.reveal.agreement`).
+- Readers' rating kappa (when the data has each reader's Agree all / Agree mostly / Disagree rating): the
+  paper's agreement figure, each rating against the majority rating, per finding and overall, on the same
+  resamples (:mod:`apps.benchmarks.reveal.ratings`). It is not comparable with the label kappa.
+- Demographics (age, sex, race, patient class) by subset, each absent column named
+  (:mod:`apps.benchmarks.reveal.demographics`).
 - Acquisition balance: DICOM characteristics compared between subsets with Pearson's chi-square
   (:mod:`apps.benchmarks.reveal.acquisition`), when the studies are DICOM and the layout names a subset column.
 
@@ -43,6 +49,8 @@ from apps.benchmarks.framework.protocol import (
 )
 from apps.benchmarks.reveal.acquisition import balance_report
 from apps.benchmarks.reveal.agreement import agreement_plot, cohen_kappa, reader_agreement, verdicts
+from apps.benchmarks.reveal.demographics import demographics, demographics_markdown
+from apps.benchmarks.reveal.ratings import WEIGHTS, constant_majority, rating_agreement
 from apps.benchmarks.reveal.reader_study import (
     MISSING,
     ReaderStudy,
@@ -56,9 +64,11 @@ from training.data.label_names import REVEAL_LABELS, REVEAL_OUTPUTS
 
 METRICS: dict[str, str] = {
     "auroc": "AUROC", "ap": "AP", "sensitivity": "Sensitivity", "specificity": "Specificity", "f1": "F1",
-    "kappa": "Kappa",
+    "label_kappa": "Label kappa",
 }  # fmt: skip
-"""Per-label metric key -> column title, in table order. AUROC and AP rank the scores; the rest judge the call."""
+"""Per-label metric key -> column title, in table order. AUROC and AP rank the scores; the rest judge the call.
+The model's kappa is a *label* kappa (its 0/1 calls against the reference labels), named so beside the readers'
+rating kappa, which it is not comparable with."""
 
 POOLS = {"macro": "Macro (mean over labels)", "micro": "Micro (all pairs pooled)"}
 ALL = "all"
@@ -83,7 +93,7 @@ def label_metrics(labels: np.ndarray, scores: np.ndarray, calls: np.ndarray) -> 
         "sensitivity": tp / truth.sum() if truth.any() else float("nan"),
         "specificity": float((~call[~truth]).mean()) if (~truth).any() else float("nan"),
         "f1": 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan"),
-        "kappa": cohen_kappa(truth, call),
+        "label_kappa": cohen_kappa(truth, call),
     }
 
 
@@ -103,7 +113,12 @@ class RevealProtocol(Protocol):
         release: :class:`~apps.benchmarks.reveal.reader_study.ReleaseLayout` fields.
         readers: :class:`~apps.benchmarks.reveal.reader_study.ReaderTableLayout` fields.
         reference: ``majority`` (the paper's) or ``adjudicated`` (a reader table's adjudicated labels).
-        merge_agree_mostly: count "Agree mostly" as disagreement when the release gives each reader's rating.
+        merge_agree_mostly: count "Agree mostly" as disagreement in a study's agreement level when the release
+            gives each reader's rating (the rating kappa keeps the three levels).
+        rating_weights: the rating kappa's weighting: ``None`` (Cohen's unweighted, the default), ``linear`` or
+            ``quadratic`` (as ``sklearn.metrics.cohen_kappa_score`` weighs).
+        demographics: ``columns`` (characteristic -> study-table column, or null) and ``numeric`` (those
+            summarised as numbers), see :func:`~apps.benchmarks.reveal.demographics.demographics`.
     """
 
     methods = {"model": "Model"}
@@ -111,7 +126,8 @@ class RevealProtocol(Protocol):
     def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, Any],
                  labels: Mapping[str, Mapping[str, str]], negative_prompt: str, release: Mapping[str, Any],
                  readers: Mapping[str, Any], reference: str = "majority", merge_agree_mostly: bool = True,
-                 bootstrap: str = "plain"):  # fmt: skip
+                 bootstrap: str = "plain", rating_weights: str | None = None,
+                 demographics: Mapping[str, Any] | None = None):  # fmt: skip
         super().__init__(name, description, seed, versions, bootstrap)
         if tuple(labels) != REVEAL_LABELS:
             raise ValueError(f"benchmark {name}: labels must be the 12 benchmark labels in order: {REVEAL_LABELS}")
@@ -129,6 +145,16 @@ class RevealProtocol(Protocol):
             if unknown:
                 raise ValueError(f"benchmark {name}: readers.findings: {column} -> {unknown}, not benchmark labels")
         self.reference, self.merge_agree_mostly = reference, bool(merge_agree_mostly)
+        if rating_weights not in WEIGHTS:
+            raise ValueError(f"benchmark {name}: rating_weights must be one of {list(WEIGHTS)}, got {rating_weights!r}")
+        self.rating_weights = rating_weights
+        spec = dict(demographics or {})
+        self.demographic_columns = dict(spec.get("columns") or {})
+        self.demographic_numeric = tuple(spec.get("numeric") or ())
+        unknown = [c for c in self.demographic_numeric if c not in self.demographic_columns]
+        if unknown or set(spec) - {"columns", "numeric"}:
+            raise ValueError(f"benchmark {name}: demographics takes columns and numeric (a subset of the columns); "
+                             f"got keys {sorted(spec)}, numeric not among columns: {unknown}")  # fmt: skip
         # what a draw and its predictions leave for the extras (the hook receives the draw and outcome only)
         self.strata: tuple[str, ...] = ()
         self.study: ReaderStudy | None = None
@@ -278,28 +304,82 @@ class RevealProtocol(Protocol):
             extras.sections.append(
                 "**Labels, definitions and the model's outputs**\n\n" + frame_markdown(mapping) + listed
             )
+        resamples = BOOTSTRAPS[self.bootstrap][1](truth, n_boot, self.seed) if n_boot > 0 else (
+            np.empty((0, len(truth)), int))  # fmt: skip
         if study is not None and study.reads is not None and len(study.readers) >= 2:
-            resamples = BOOTSTRAPS[self.bootstrap][1](truth, n_boot, self.seed) if n_boot > 0 else (
-                np.empty((0, len(truth)), int))  # fmt: skip
-            readers = reader_agreement(study.reads, study.readers, truth.names, resamples)
-            model = model_kappas(table, truth.names)
-            extras.tables["readers_kappa"] = readers
-            extras.tables["reader_blanks"] = study.blanks
-            if not model.empty:
-                verdict = verdicts(model.set_index("finding")["kappa"], readers, reference="leave-one-out")
-                extras.tables["kappa_verdicts"] = verdict
-                extras.sections.append(readers_section(readers, verdict))
-            else:
-                extras.sections.append(readers_section(readers, None))
-            extras.figures["readers_kappa"] = agreement_plot(
-                readers, model, "leave-one-out", model_label="model (vs the full majority)"
-            )
-            pooled = readers[(readers["reader"] == "all readers") & (readers["finding"] == "overall")]
-            for row in pooled.itertuples():
-                key = f"readers/{slug(row.reference)}/overall/kappa"
-                extras.metrics.update({key: row.kappa, f"{key}_ci_low": row.ci_low, f"{key}_ci_high": row.ci_high})
+            self.label_agreement(study, truth, table, resamples, extras)
+        if study is not None:
+            extras.sections.append(self.rating_section(study, truth, resamples, extras))
+            extras.sections.append(self.demographics_section(study, extras))
         extras.sections.append(acquisition_section(draw, self.root, extras))
         return extras
+
+    def label_agreement(self, study: ReaderStudy, truth: Targets, table: pd.DataFrame, resamples: np.ndarray,
+                        extras: Extras) -> None:  # fmt: skip
+        """The readers' label kappa (0/1 reads vs the majority label), the model's beside it, and the verdicts."""
+        readers = reader_agreement(study.reads, study.readers, truth.names, resamples)
+        model = model_kappas(table, truth.names)
+        extras.tables["readers_label_kappa"] = readers.rename(columns={"kappa": "label_kappa"})
+        extras.tables["reader_blanks"] = study.blanks
+        verdict = None
+        if not model.empty:
+            verdict = verdicts(model.set_index("finding")["kappa"], readers, reference="leave-one-out")
+            extras.tables["label_kappa_verdicts"] = verdict
+        extras.sections.append(readers_section(readers, verdict))
+        extras.figures["readers_label_kappa"] = agreement_plot(
+            readers, model, "leave-one-out", model_label="model (vs the full majority)"
+        )
+        log_pooled(readers, "label_kappa", extras)
+
+    def rating_section(self, study: ReaderStudy, truth: Targets, resamples: np.ndarray, extras: Extras) -> str:
+        """The readers' rating kappa (each rating vs the majority rating, the paper's figure), or why there is none."""
+        title = "**Readers' rating kappa** (Agree all / Agree mostly / Disagree vs the majority rating)"
+        if study.ratings is None:
+            return f"{title}: n/a ({study.no_ratings}); the label kappa above is a different quantity"
+        carries = truth.labels == 1
+        ratings = rating_agreement(study.ratings, study.raters, carries, truth.names, resamples, self.rating_weights)
+        extras.tables["readers_rating_kappa"] = ratings.rename(columns={"kappa": "rating_kappa"})
+        log_pooled(ratings, "rating_kappa", extras)
+        kind = "Cohen's unweighted" if self.rating_weights is None else f"{self.rating_weights}-weighted"
+        lines = [f"{title}: {kind} kappa, 95% CI over resampled studies; per finding on the studies that carry it, "
+                 "overall on every study once. Not comparable with the label kappa.", "",
+                 "| finding | studies | rating kappa vs full majority (the paper's) | vs the others' majority |",
+                 "|---|---|---|---|"]  # fmt: skip
+        pooled = ratings[ratings["reader"] == "all readers"].set_index(["reference", "finding"])
+        for k, finding in enumerate([*truth.names, "overall"]):
+            studies = int(carries[:, k].sum()) if k < len(truth.names) else len(truth)
+            cells = [format_cell({"value": row["kappa"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]})
+                     for row in (pooled.loc[(reference, finding)] for reference in ("majority", "leave-one-out"))]  # fmt: skip
+            lines.append(f"| {finding} | {studies} | {cells[0]} | {cells[1]} |")
+        constant = constant_majority(study.ratings)
+        if constant is not None:
+            lines += ["", f"The majority rating is {constant!r} on every study that has one, so kappa against it is 0 "
+                      "(or undefined) by construction: the chance agreement equals the observed. REVEAL-CXR kept only "
+                      "studies with at least two 'Agree all', so its 0.622 cannot come from the kept studies alone: "
+                      "it needs the ratings of the studies reviewed before that selection."]  # fmt: skip
+        ties = int(pooled.loc[("majority", "overall"), "n_tie"])
+        if ties:
+            lines += ["", f"{ties} rating(s) of studies without a majority rating (every reader different) left out."]
+        return "\n".join(lines)
+
+    def demographics_section(self, study: ReaderStudy, extras: Extras) -> str:
+        """Age, sex, race and patient class by subset (all studies when the layout names none)."""
+        if not self.demographic_columns:
+            return "**Demographics**: n/a (demographics.columns in configs/benchmark/reveal.yaml names none)"
+        by = "subset" if "subset" in study.table.columns else None
+        source = study.source or "the study table"
+        frame = demographics(study.table, self.demographic_columns, self.demographic_numeric, by, source)
+        extras.tables["demographics"] = frame
+        scope = "by subset" if by else "of all studies (the layout names no subset column)"
+        return f"**Demographics** {scope}, from {source}\n\n" + demographics_markdown(frame)
+
+
+def log_pooled(agreement: pd.DataFrame, metric: str, extras: Extras) -> None:
+    """MLflow metrics ``readers/<reference>/<finding>/<metric>`` (+ ``_ci_low``/``_ci_high``), all readers pooled."""
+    pooled = agreement[agreement["reader"] == "all readers"]
+    for row in pooled.itertuples():
+        key = f"readers/{slug(row.reference)}/{slug(row.finding)}/{metric}"
+        extras.metrics.update({key: row.kappa, f"{key}_ci_low": row.ci_low, f"{key}_ci_high": row.ci_high})
 
 
 def format_cell(row) -> str:
@@ -311,10 +391,10 @@ def format_cell(row) -> str:
 
 
 def model_kappas(table: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
-    """The model's kappa vs the reference per label and pooled ("overall"), in the readers' table's columns."""
+    """The model's label kappa vs the reference per label and pooled ("overall"), in the readers' table's columns."""
     rows = []
     for label, key in [*((name, slug(name)) for name in names), ("overall", "micro")]:
-        hit = table[(table["protocol"] == "model") & (table["metric"] == f"{ALL}/{key}/kappa")]
+        hit = table[(table["protocol"] == "model") & (table["metric"] == f"{ALL}/{key}/label_kappa")]
         if len(hit) and np.isfinite(hit["value"].iloc[0]):
             rows.append({"finding": label, "kappa": float(hit["value"].iloc[0]),
                          "ci_low": float(hit["ci_low"].iloc[0]), "ci_high": float(hit["ci_high"].iloc[0])})  # fmt: skip
@@ -322,9 +402,9 @@ def model_kappas(table: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
 
 
 def readers_section(readers: pd.DataFrame, verdict: pd.DataFrame | None) -> str:
-    """Markdown: the pooled readers' kappa per label against both references, then the verdicts."""
-    lines = ["**Readers' agreement** (Cohen's kappa, 95% CI over resampled studies; each reader against the "
-             "majority of the other readers, and against the full majority as in the REVEAL paper)", "",
+    """Markdown: the pooled readers' label kappa per label against both references, then the verdicts."""
+    lines = ["**Readers' label kappa** (Cohen's kappa of each reader's 0/1 reads with the majority label, 95% CI over "
+             "resampled studies; against the majority of the other readers, and against the full majority)", "",
              "| label | all readers vs others' majority | all readers vs full majority | readers (range, vs others) |",
              "|---|---|---|---|"]  # fmt: skip
     pooled = readers[readers["reader"] == "all readers"].set_index(["reference", "finding"])
@@ -339,7 +419,7 @@ def readers_section(readers: pd.DataFrame, verdict: pd.DataFrame | None) -> str:
         span = f"{values.min():.3f} to {values.max():.3f} ({len(values)} readers)" if len(values) else "n/a"
         lines.append(f"| {finding} | {cells[0]} | {cells[1]} | {span} |")
     if verdict is not None:
-        lines += ["", "**Model vs readers** (the model's kappa against the full majority, readers' against the "
+        lines += ["", "**Model vs readers** (the model's label kappa against the full majority, readers' against the "
                   "others' majority)", "", frame_markdown(verdict)]  # fmt: skip
     return "\n".join(lines)
 

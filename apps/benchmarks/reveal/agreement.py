@@ -426,7 +426,7 @@ def agreement_plot(
     ax.axvline(0, color="0.6", linewidth=0.8, linestyle=":")
     label = "full" if reference == "majority" else reference
     ax.set_yticks(range(len(findings)), findings)
-    ax.set(xlim=(-0.2, 1.0), ylim=(len(findings) - 0.5, -0.5), xlabel=f"Cohen's kappa vs {label} majority")
+    ax.set(xlim=(-0.2, 1.0), ylim=(len(findings) - 0.5, -0.5), xlabel=f"Label kappa (Cohen's) vs {label} majority")
     ax.set_title(f"Agreement with the {label} majority vote, per finding (lines: bootstrap CIs)")
     fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncols=min(len(handles), 4))
     return fig

@@ -27,12 +27,13 @@ import pandas as pd
 
 from apps.benchmarks.framework.protocol import BadInput
 from apps.benchmarks.reveal.agreement import majority
+from apps.benchmarks.reveal.ratings import RATINGS
 from training.data.manifest import parse_labels
 
 MISSING = -1
 """Code of a read (or a reference) that is not there: blank, hedged, not asked, or a tied vote."""
 
-RATING_AGREE_ALL, RATING_AGREE_MOSTLY = "agree all", "agree mostly"
+RATING_AGREE_ALL, RATING_AGREE_MOSTLY = RATINGS[0], RATINGS[1]
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class ReleaseLayout:
         id: its study id column.
         labels: benchmark label -> its column (every one of the 12 the release has).
         agreement: column with the number of readers who rated "Agree all" (``3``, ``3/3``, ``3 of 3``), or ``None``.
-        ratings: columns of each reader's rating ("Agree all", "Agree mostly", "Disagree"), used when given.
+        ratings: columns of each reader's rating ("Agree all", "Agree mostly", "Disagree"; blank: not rated), one
+            per reader of a study; when given they decide the agreement level and give the readers' rating kappa.
         path: column with each study's image path relative to the root, or ``None`` to look under ``images``.
         images: folder holding one sub-folder of DICOM files per study (``<images>/<study id>/*.dcm``).
         patient: patient id column, or ``None``.
@@ -103,6 +105,11 @@ class ReaderStudy:
         blanks: per (reader, label) how many reads were asked for and how many were left blank (hedged).
         absent: benchmark label -> why this data has no reference for it.
         notes: facts a reader of the report needs (mappings, merges, exclusions).
+        ratings: ``(N, R')`` each reader's rating of the study's labels, coded as
+            :data:`~apps.benchmarks.reveal.ratings.RATINGS` (-1: not rated), or ``None``.
+        raters: the ``R'`` rating columns.
+        no_ratings: why there are no ratings (when ``ratings`` is ``None``).
+        source: the table(s) the study attributes come from, as a report names them.
     """
 
     table: pd.DataFrame
@@ -113,6 +120,10 @@ class ReaderStudy:
     blanks: pd.DataFrame = field(default_factory=pd.DataFrame)
     absent: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    ratings: np.ndarray | None = None
+    raters: tuple[str, ...] = ()
+    no_ratings: str = ""
+    source: str = ""
 
 
 def read_text_table(path: Path) -> pd.DataFrame:
@@ -260,7 +271,11 @@ def read_reader_table(root: Path, layout: ReaderTableLayout, labels: Sequence[st
                            f"({', '.join(studies.columns)})")  # fmt: skip
         studies = studies.rename(columns={layout.subset: "subset"})
     absent = {label: f"{path.name} has no column for it" for label in labels if label not in names}
-    return ReaderStudy(studies, names, reference_labels, readers, reads, blanks, absent, notes)
+    no_ratings = (f"{path.name} holds each reader's 0/1 reads of the findings: its readers rated no suggested "
+                  f"labels as Agree all, Agree mostly or Disagree")  # fmt: skip
+    source = " and ".join(dict.fromkeys([path.name, *([str(layout.adjudicated)] if layout.adjudicated else [])]))
+    return ReaderStudy(studies, names, reference_labels, readers, reads, blanks, absent, notes,
+                       no_ratings=no_ratings, source=source)  # fmt: skip
 
 
 def join_adjudicated(root: Path, layout: ReaderTableLayout, columns: Mapping[str, str], names: Sequence[str],
@@ -295,20 +310,26 @@ def agreement_stratum(value: str, readers: int = 3) -> str:
     return f"{int(parts[0])} of {int(parts[2]) if len(parts) == 3 else readers}"
 
 
-def rating_strata(path: Path, table: pd.DataFrame, ratings: Sequence[str], merge_agree_mostly: bool) -> list[str]:
-    """Per study ``"k of n"`` readers rating "Agree all" (and "Agree mostly" too unless it is merged into
-    "Disagree", the paper's choice)."""
-    agreeing = {RATING_AGREE_ALL} | (set() if merge_agree_mostly else {RATING_AGREE_MOSTLY})
-    known = {RATING_AGREE_ALL, RATING_AGREE_MOSTLY, "disagree"}
-    counts = np.zeros(len(table), dtype=int)
-    for column in ratings:
+def rating_codes(path: Path, table: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """``(N, R)`` each rating column as its code in :data:`~apps.benchmarks.reveal.ratings.RATINGS` (any case), -1
+    for a blank cell (not rated); any other text is an error naming its line."""
+    codes = np.full((len(table), len(columns)), MISSING, dtype=int)
+    for r, column in enumerate(columns):
         text = table[column].str.strip().str.lower()
-        bad = text.index[~text.isin(known)]
+        bad = text.index[~text.isin((*RATINGS, ""))]
         if len(bad):
             raise BadInput(f"{path} line {int(bad[0]) + 2}, column {column}: rating {table[column][bad[0]]!r} is "
-                           f"not Agree all / Agree mostly / Disagree")  # fmt: skip
-        counts += text.isin(agreeing).to_numpy()
-    return [f"{c} of {len(ratings)}" for c in counts]
+                           f"not Agree all / Agree mostly / Disagree (or blank: not rated)")  # fmt: skip
+        codes[:, r] = text.map({rating: i for i, rating in enumerate(RATINGS)}).fillna(MISSING).to_numpy()
+    return codes
+
+
+def rating_strata(codes: np.ndarray, merge_agree_mostly: bool) -> list[str]:
+    """Per study ``"k of n"`` readers rating "Agree all" (and "Agree mostly" too unless it is merged into
+    "Disagree", the paper's choice); ``n`` is the number of rating columns."""
+    agreeing = [RATINGS.index(RATING_AGREE_ALL)] + ([] if merge_agree_mostly else [RATINGS.index(RATING_AGREE_MOSTLY)])
+    counts = np.isin(codes, agreeing).sum(axis=1)
+    return [f"{c} of {codes.shape[1]}" for c in counts]
 
 
 def study_image(root: Path, folder: str, study: str) -> str | None:
@@ -363,8 +384,9 @@ def read_release(
             notes.append(f"{several} studies have several DICOM files: the frontal one (PA/AP) is scored")
     check_images(root, path, studies["path"].tolist())
     studies["patient_id"] = table[layout.patient] if layout.patient else studies["study_id"]
-    if layout.ratings:
-        studies["stratum"] = rating_strata(path, table, layout.ratings, merge_agree_mostly)
+    ratings = rating_codes(path, table, layout.ratings) if layout.ratings else None
+    if ratings is not None:
+        studies["stratum"] = rating_strata(ratings, merge_agree_mostly)
         notes.append("agreement level: readers rating Agree all" + (
             " (Agree mostly merged into Disagree, as in the paper)" if merge_agree_mostly else " or Agree mostly"))  # fmt: skip
     elif layout.agreement:
@@ -388,5 +410,9 @@ def read_release(
             studies[column] = table[column].to_numpy()
     absent = {label: f"{path.name} has no column {layout.labels[label]}" if label in layout.labels
               else "release.labels names no column for it" for label in labels if label not in names}  # fmt: skip
-    notes.append("per-reader reads are not in the release table: the readers' agreement needs the readers layout")
-    return ReaderStudy(studies, names, reference, absent=absent, notes=notes)
+    notes.append("per-reader 0/1 reads are not in the release table: the readers' label kappa needs the readers "
+                 "layout")  # fmt: skip
+    no_ratings = "" if ratings is not None else (
+        f"{path.name} has no per-reader rating columns (release.ratings is empty), only the agreement level")  # fmt: skip
+    return ReaderStudy(studies, names, reference, absent=absent, notes=notes, ratings=ratings,
+                       raters=tuple(layout.ratings), no_ratings=no_ratings, source=path.name)  # fmt: skip

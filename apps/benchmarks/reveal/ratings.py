@@ -1,0 +1,188 @@
+"""The readers' *rating* agreement on REVEAL-CXR: Cohen's kappa of each reader's rating with the majority rating.
+
+REVEAL-CXR's readers did not label findings from scratch: each one rated the labels suggested for a study as
+"Agree all", "Agree mostly" or "Disagree". The paper's kappa (0.622 overall) measures how well those *ratings*
+agree with the readers' majority rating; it is a different quantity from the kappa of 0/1 findings against the
+majority label (:mod:`apps.benchmarks.reveal.agreement`, the *label* kappa), and the two are never to be set side
+by side as if comparable.
+
+Choices, each documented in docs/benchmarks.md (REVEAL-CXR):
+
+- **Levels**: the three ratings as given, coded 0 = Agree all, 1 = Agree mostly, 2 = Disagree (the ordinal
+  order); ``-1`` = not rated, left out of that reader's pairs and counted. Merging "Agree mostly" into
+  "Disagree" is a rule for the agreement level of a study, not for this kappa.
+- **Kappa type**: unweighted Cohen's kappa by default. The paper reports "kappa" with no weighting, and the
+  scale's steps are not evidently equal (Agree all -> Agree mostly is one corrected label, Agree mostly ->
+  Disagree may be many), which a linear weight would assume. ``weights="linear"`` or ``"quadratic"`` weigh
+  disagreements by ``|i - j|`` or ``(i - j)^2`` exactly as ``sklearn.metrics.cohen_kappa_score`` does.
+- **Majority rating**: the level given by more than half of the readers who rated the study; none when no level
+  has that (three readers, three different ratings), and such a study is left out and counted as a tie.
+  ``majority`` includes the reader being scored (the paper's reference); ``leave-one-out`` is the majority of
+  the other readers, which is defined only where those agree.
+- **Per finding**: a rating judges all of a study's labels at once, so a finding's rating kappa is the kappa on
+  the studies that carry the finding (reference positive); "overall" counts every study once.
+- **Intervals**: the study-level resamples the label kappa uses, so both intervals are paired. As for the label
+  kappa, a resample's counts are its per-study multiplicities times the per-study tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from apps.benchmarks.reveal.agreement import ALL_READERS, COLUMNS, OVERALL, bootstrap_counts
+from evaluation.bootstrap import percentile_ci
+
+__all__ = [
+    "RATINGS",
+    "WEIGHTS",
+    "constant_majority",
+    "kappa_from_confusion",
+    "majority_rating",
+    "others_rating",
+    "rating_agreement",
+]
+
+RATINGS = ("agree all", "agree mostly", "disagree")
+"""The rating levels (lower case) in ordinal order; a rating's code is its index here."""
+
+WEIGHTS = {None: None, "linear": 1, "quadratic": 2}
+"""``weights`` -> the power of ``|i - j|`` that weighs a disagreement (``None``: every disagreement weighs 1),
+spelled as ``sklearn.metrics.cohen_kappa_score`` spells them."""
+
+LEVELS = len(RATINGS)
+
+
+def _check(ratings: np.ndarray) -> np.ndarray:
+    ratings = np.asarray(ratings)
+    if ratings.ndim != 2:
+        raise ValueError(f"ratings must be (studies, readers), got shape {ratings.shape}")
+    if ratings.size and not np.isin(ratings, (-1, *range(LEVELS))).all():
+        raise ValueError(f"ratings must be coded 0..{LEVELS - 1} or -1 (not rated); got {np.unique(ratings)}")
+    return ratings.astype(np.int64)
+
+
+def _majority(votes: np.ndarray, given: np.ndarray) -> np.ndarray:
+    """The level with more than half of ``given`` votes (``votes`` ``(..., L)``), else -1."""
+    winner = votes.argmax(axis=-1)
+    return np.where(2 * votes.max(axis=-1) > given, winner, -1).astype(np.int64)
+
+
+def _votes(ratings: np.ndarray) -> np.ndarray:
+    return np.stack([(ratings == level).sum(axis=1) for level in range(LEVELS)], axis=-1)  # (N, L)
+
+
+def majority_rating(ratings: np.ndarray) -> np.ndarray:
+    """``(N, R)`` codes -> ``(N,)``: the level more than half of the study's ratings give, -1 where none does."""
+    ratings = _check(ratings)
+    votes = _votes(ratings)
+    return _majority(votes, votes.sum(axis=1))
+
+
+def others_rating(ratings: np.ndarray) -> np.ndarray:
+    """``(N, R)``: for each reader the majority of the *other* readers' ratings (-1 where they have none)."""
+    ratings = _check(ratings)
+    votes = _votes(ratings)[:, None, :] - (ratings[:, :, None] == np.arange(LEVELS))  # (N, R, L)
+    return _majority(votes, votes.sum(axis=2))
+
+
+def weight_matrix(weights: str | None) -> np.ndarray:
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {list(WEIGHTS)}, got {weights!r}")
+    distance = np.abs(np.subtract.outer(np.arange(LEVELS), np.arange(LEVELS))).astype(np.float64)
+    return (distance > 0).astype(np.float64) if WEIGHTS[weights] is None else distance ** WEIGHTS[weights]
+
+
+def kappa_from_confusion(counts: np.ndarray, weights: str | None = None) -> np.ndarray:
+    """Cohen's kappa of every ``(..., L, L)`` confusion table (rows: reader, columns: reference); NaN if undefined.
+
+    ``1 - n * sum(w * O) / sum(w * r c^T)`` (``r``, ``c``: the margins), the same formula as
+    ``sklearn.metrics.cohen_kappa_score``. On integer counts (multiplicity-weighted included) the denominator is
+    exactly zero when, and only when, the expected disagreement is zero -- both raters constant and identical, or
+    no pairs -- so that test needs no tolerance.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.shape[-2:] != (LEVELS, LEVELS):
+        raise ValueError(f"counts must end in ({LEVELS}, {LEVELS}), got shape {counts.shape}")
+    w = weight_matrix(weights)
+    rows, cols, n = counts.sum(axis=-1), counts.sum(axis=-2), counts.sum(axis=(-2, -1))
+    observed = (counts * w).sum(axis=(-2, -1))
+    expected = np.einsum("...i,ij,...j->...", rows, w, cols)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(expected > 0, 1.0 - n * observed / expected, np.nan)
+
+
+def constant_majority(ratings: np.ndarray) -> str | None:
+    """The one majority rating every rated study has, or ``None`` when it varies (or no study has one).
+
+    Against a constant reference kappa is 0 (or undefined) whatever the readers do: the chance agreement equals
+    the observed. REVEAL-CXR kept only studies with at least two "Agree all", so on its release this is the case.
+    """
+    levels = set(majority_rating(ratings).tolist()) - {-1}
+    return RATINGS[levels.pop()] if len(levels) == 1 else None
+
+
+def rating_agreement(
+    ratings: np.ndarray,
+    readers: Sequence[str],
+    carries: np.ndarray,
+    findings: Sequence[str],
+    resamples: np.ndarray | None,
+    weights: str | None = None,
+    ci: float = 0.95,
+) -> pd.DataFrame:
+    """The rating kappa of every reader with both references, per finding and overall, with bootstrap intervals.
+
+    Args:
+        ratings: ``(N, R)`` rating codes (see :data:`RATINGS`; -1 = not rated).
+        readers: the ``R`` rater names (the release's rating columns).
+        carries: ``(N, K)`` bool, whether study ``n`` carries finding ``k`` (its reference is positive).
+        findings: the ``K`` finding names.
+        resamples: ``(B, N)`` study indices (the protocol's, shared with the label kappa); ``None`` for none.
+        weights: ``None`` (Cohen's unweighted), ``"linear"`` or ``"quadratic"``.
+        ci: interval coverage.
+
+    Returns:
+        The columns of :func:`~apps.benchmarks.reveal.agreement.reader_agreement`, one row per reference x
+        (readers + ``"all readers"``) x (findings + ``"overall"``): ``n`` pairs scored, ``kappa``, ``ci_low``,
+        ``ci_high``, ``n_blank`` (not rated although the reference exists), ``n_tie`` (rated, no reference).
+    """
+    ratings = _check(ratings)
+    n_items, n_readers = ratings.shape
+    carries = np.asarray(carries, dtype=bool)
+    if carries.shape != (n_items, len(findings)):
+        raise ValueError(f"carries must be ({n_items}, {len(findings)}), got shape {carries.shape}")
+    if len(readers) != n_readers:
+        raise ValueError(f"{n_readers} rating columns but {len(readers)} reader names")
+    resamples = np.empty((0, n_items), np.int64) if resamples is None else np.asarray(resamples, dtype=np.int64)
+    if resamples.ndim != 2 or resamples.shape[1] != n_items:
+        raise ValueError(f"resamples must be (n_boot, {n_items}) study indices, got shape {resamples.shape}")
+    scope = np.concatenate([carries, np.ones((n_items, 1), bool)], axis=1).astype(np.float64)  # (N, K + 1)
+    full = np.broadcast_to(majority_rating(ratings)[:, None], ratings.shape)
+    others = others_rating(ratings)
+    references = {"majority": (full, full), "leave-one-out": (np.where(ratings >= 0, others, -1), others)}
+    names = [*map(str, readers), ALL_READERS]
+    labels = [*map(str, findings), OVERALL]
+    rows = []
+    for reference_name, (reference, available) in references.items():
+        scored = (ratings >= 0) & (reference >= 0)
+        cell = np.where(scored, ratings * LEVELS + reference, 0)
+        pairs = np.eye(LEVELS * LEVELS)[cell] * scored[..., None]  # (N, R, L*L)
+        indicator = pairs[:, :, None, :] * scope[:, None, :, None]  # (N, R, K + 1, L*L)
+        counts = np.concatenate([indicator.sum(axis=0)[None], bootstrap_counts(resamples, indicator)])
+        counts = np.concatenate([counts, counts.sum(axis=1, keepdims=True)], axis=1)  # + all readers
+        kappas = kappa_from_confusion(counts.reshape(*counts.shape[:-1], LEVELS, LEVELS), weights)
+        blank = ((ratings < 0) & (available >= 0))[:, :, None] * scope[:, None, :]
+        tie = ((ratings >= 0) & (reference < 0))[:, :, None] * scope[:, None, :]
+        blank, tie = (np.concatenate([v.sum(axis=0), v.sum(axis=(0, 1))[None]]) for v in (blank, tie))
+        for r, reader in enumerate(names):
+            for k, finding in enumerate(labels):
+                low, high = percentile_ci(kappas[1:, r, k], ci) if kappas.shape[0] > 1 else (np.nan, np.nan)
+                rows.append({
+                    "reference": reference_name, "reader": reader, "finding": finding,
+                    "n": int(round(counts[0, r, k].sum())), "kappa": float(kappas[0, r, k]),
+                    "ci_low": low, "ci_high": high, "n_blank": int(blank[r, k]), "n_tie": int(tie[r, k]),
+                })  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
