@@ -7,7 +7,8 @@
 - Heatmaps (:mod:`apps.benchmarks.framework.heatmaps`): Grad-CAM for a platform classifier (for the finding's mapped
   outputs), patch-text similarity for an image-text model; and two floors every report carries, a centre prior
   and seeded random maps, so a model's figures are read against what no model at all would reach.
-- Metrics (:mod:`apps.benchmarks.framework.grounding`): pointing game and CNR per (image, finding) with a box,
+- Metrics (:mod:`apps.benchmarks.framework.grounding`): pointing game (TorchRay's: the first maximum, a hit within
+  ``tolerance`` px of a box in the release's 1024-px frame) and signed CNR per (image, finding) with a box,
   averaged per finding and over all (image, finding) pairs; 1,000 resamples of images (an image keeps all its
   boxes), the same resamples for the model and the floors.
 
@@ -24,8 +25,9 @@ import pandas as pd
 
 from apps.benchmarks.framework.boxes import read_nih_boxes
 from apps.benchmarks.framework.encoders import Encoder, Target
-from apps.benchmarks.framework.grounding import Example, overlay_figure, score_heatmaps
+from apps.benchmarks.framework.grounding import POINTING_TOLERANCE, Example, overlay_figure, score_heatmaps
 from apps.benchmarks.framework.protocol import (
+    BadInput,
     Box,
     Draw,
     Extras,
@@ -53,14 +55,20 @@ class GroundingProtocol(Protocol):
         batch_size: images per heatmap pass (heatmaps are reduced to scores batch by batch: 880 images x 8
             findings of full-size maps would not fit in memory).
         examples: images per finding drawn as overlays in the run's artifacts.
+        tolerance: the pointing game's margin in pixels of the boxes' frame (TorchRay's 15; 0: the peak must lie
+            in a box).
     """
 
     methods = {"model": "Model", "centre": "Centre prior", "random": "Random"}
 
     def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, int | None],
                  findings: Mapping[str, str], negative_prompt: str, batch_size: int = 32, examples: int = 3,
-                 bootstrap: str = "plain"):  # fmt: skip
+                 bootstrap: str = "plain", tolerance: float = POINTING_TOLERANCE):  # fmt: skip
         super().__init__(name, description, seed, versions, bootstrap)
+        if not float(tolerance) >= 0:
+            raise BadInput(f"tolerance must be a distance in pixels of the boxes' frame, 0 or more; got {tolerance} "
+                             f"(configs/benchmark/{name}.yaml)")  # fmt: skip
+        self.tolerance = float(tolerance)
         self.findings = tuple(findings)
         self._targets = tuple(Target(f, prompt, negative_prompt) for f, prompt in findings.items())
         self.batch_size, self.examples = int(batch_size), int(examples)
@@ -107,7 +115,7 @@ class GroundingProtocol(Protocol):
     def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
         test = draw.test
         grounded = score_heatmaps(encoder, self.root, test.table["path"].tolist(), test.targets.boxes, self.findings,
-                                  self.seed, self.batch_size, self.examples)  # fmt: skip
+                                  self.seed, self.batch_size, self.examples, self.tolerance)  # fmt: skip
         self.shown = grounded.examples
         scores = test.table[["image_id", "findings"]].copy()
         model = grounded.methods["model"]

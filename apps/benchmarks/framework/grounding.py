@@ -3,14 +3,21 @@
 Two numbers per (image, finding) with at least one reference box, both computed on the heatmap at the size the
 boxes were moved to (the image as the model saw it):
 
-- **Pointing game** (PG): 1 when the heatmap's maximum lies inside a box of that finding, else 0. When the maximum
-  is reached at several pixels (a flat or saturated map) the hit is the *share* of those pixels inside a box, so a
-  constant heatmap scores the box's area fraction rather than whatever pixel ``argmax`` happens to return first.
-- **Contrast-to-noise ratio** (CNR, as in BioViL's grounding evaluation): ``|mean_in - mean_out| /
-  sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes. A flat map (a
-  Grad-CAM whose ReLU removed everything) has no contrast: CNR 0, and its pointing game is the box's area share.
-  NaN when either side is empty, or for a noiseless step (constant inside, another constant outside), whose ratio
-  is infinite.
+- **Pointing game** (PG), TorchRay's convention (``torchray.benchmark.pointing_game``, after Zhang et al.'s
+  excitation-backprop benchmark): the heatmap's point is its maximum, and it is a hit (1, else 0) when some pixel
+  of a box of that finding lies less than ``tolerance`` pixels from it (15 px, TorchRay's default). The tolerance
+  is in pixels of the frame the boxes were drawn in (the 1024-px NIH frame), as TorchRay's is in pixels of the
+  image it annotated; on an ``S``-px heatmap it spans ``15 * S / 1024`` heatmap pixels, so the same film gets the
+  same margin whatever size a model sees it at. Distances run between pixel centres (the peak's and the box
+  pixels'), as TorchRay's do between pixel indices. **Tied maxima**: the point is the first maximum in row-major
+  order, the one ``torch.argmax`` (TorchRay) and ``np.argmax`` return. **Flat maps** (every pixel tied) point
+  nowhere: they score the share of pixels that would be hits, the expected score of a point drawn at random.
+- **Contrast-to-noise ratio** (CNR, as in BioViL's grounding evaluation): ``(mean_in - mean_out) /
+  sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes, population variances.
+  The difference is *signed*, as in AFLoc's evaluation code: a map that is dimmer on the box than around it (an
+  inverted map) scores below 0, never as well as the correct one. A flat map (a Grad-CAM whose ReLU removed
+  everything) has no contrast: CNR 0. NaN when either side is empty, or for a noiseless step (constant inside,
+  another constant outside), whose ratio is infinite.
 
 Heatmaps are compared as they are: both metrics are invariant to a positive affine rescaling of the map, so
 Grad-CAM, similarity and probability maps can be compared without normalising them first.
@@ -27,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import ndimage
 
 from apps.benchmarks.framework.embeddings import read_images
 from apps.benchmarks.framework.encoders import Encoder
@@ -36,6 +44,9 @@ from evaluation.bootstrap import percentile_ci, resample_indices
 
 Example = tuple[np.ndarray, np.ndarray, tuple[Box, ...], str]
 """An overlay example: the film as the model saw it, the heatmap, the finding's boxes, a title."""
+
+POINTING_TOLERANCE = 15.0
+"""TorchRay's pointing-game tolerance, in pixels of the frame the boxes were drawn in."""
 
 
 def box_mask(boxes: Sequence[Box], size: int) -> np.ndarray:
@@ -54,46 +65,91 @@ def box_mask(boxes: Sequence[Box], size: int) -> np.ndarray:
     return mask
 
 
-def pointing_game(heatmap: np.ndarray, mask: np.ndarray) -> float:
-    """Share of the heatmap's maximal pixels inside the mask (1 or 0 for a single maximum); NaN for an empty mask
-    or a heatmap without a finite value."""
+def hit_region(boxes: Sequence[Box], size: int, tolerance: float = POINTING_TOLERANCE) -> np.ndarray:
+    """``(size, size)`` bool mask of the heatmap pixels a peak would hit: the pixels of ``boxes`` (:func:`box_mask`)
+    and every pixel whose centre lies less than ``tolerance`` pixels of the box's own frame from one of them.
+
+    Each box is grown in its own frame (a heatmap pixel spans ``frame / size`` of its pixels along each axis), so
+    boxes drawn on frames of different sizes each keep the margin their frame means.
+    """
+    if tolerance < 0:
+        raise ValueError(f"the pointing-game tolerance is a distance in pixels: it cannot be {tolerance}")
+    region = np.zeros((size, size), dtype=bool)
+    for box in boxes:
+        inside = box_mask([box], size)
+        if tolerance > 0 and inside.any():
+            spacing = (box.frame_height / size, box.frame_width / size)  # rows, columns
+            region |= ndimage.distance_transform_edt(~inside, sampling=spacing) < tolerance
+        else:
+            region |= inside
+    return region
+
+
+def pointing_game(heatmap: np.ndarray, region: np.ndarray) -> float:
+    """1 when the heatmap's first maximum (row-major order, as ``torch.argmax``) lies in ``region``, else 0; for a
+    flat map the share of ``region`` among its pixels. NaN for an empty region or a heatmap without a finite value.
+
+    ``region`` is what counts as a hit: :func:`hit_region` for TorchRay's tolerance, :func:`box_mask` for none.
+    Non-finite pixels never count as the maximum.
+    """
     values = np.asarray(heatmap, dtype=np.float64)
-    if not mask.any() or not np.isfinite(values).any():
+    finite = np.isfinite(values)
+    if not region.any() or not finite.any():
         return float("nan")
-    peak = values == np.nanmax(values)
-    return float(mask[peak].mean())
+    if values[finite].min() == values[finite].max():
+        return float(region[finite].mean())  # no pixel stands out: the hit rate of a point drawn at random
+    peak = np.argmax(np.where(finite, values, -np.inf))  # the first maximum, row-major
+    return float(region.flat[peak])
 
 
 def cnr(heatmap: np.ndarray, mask: np.ndarray) -> float:
-    """Contrast-to-noise ratio of the heatmap inside vs outside the mask (see module docstring)."""
+    """Signed contrast-to-noise ratio of the heatmap inside vs outside the mask (see module docstring)."""
     values = np.asarray(heatmap, dtype=np.float64)
     inside, outside = values[mask], values[~mask]
     if inside.size == 0 or outside.size == 0 or not np.isfinite(values).all():
         return float("nan")
     if values.max() == values.min():
         return 0.0  # a flat map has no contrast (and its variances are rounding noise, not signal)
-    noise, contrast = np.sqrt(inside.var() + outside.var()), abs(inside.mean() - outside.mean())
+    noise, contrast = np.sqrt(inside.var() + outside.var()), inside.mean() - outside.mean()
     if noise <= 1e-12 * np.abs(values).max():
         return float("nan")  # a noiseless step: the ratio is infinite
     return float(contrast / noise)
 
 
-def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findings: Sequence[str]) -> np.ndarray:
+def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findings: Sequence[str],
+                     tolerance: float = POINTING_TOLERANCE) -> np.ndarray:  # fmt: skip
     """``(N, K, 2)``: per image and finding, (pointing game, CNR); NaN where the image has no box of the finding.
 
     Args:
         heatmaps: ``(N, K, S, S)`` one map per image and finding, at the size the boxes are moved to.
         boxes: per image, its reference boxes (any frame; each carries its own).
         findings: the ``K`` findings, in the heatmaps' order.
+        tolerance: the pointing game's margin, in pixels of each box's frame (0: the peak must lie in a box).
     """
-    n, k, size = heatmaps.shape[0], len(findings), heatmaps.shape[-1]
-    out = np.full((n, k, 2), np.nan)
-    for i in range(n):
+    return _scores(heatmaps, _references(boxes, findings, heatmaps.shape[-1], tolerance))
+
+
+_Reference = tuple[int, int, np.ndarray, np.ndarray]
+"""(image, finding index, box mask for CNR, hit region for the pointing game)."""
+
+
+def _references(
+    boxes: Sequence[Sequence[Box]], findings: Sequence[str], size: int, tolerance: float
+) -> list[_Reference]:
+    """The masks of every (image, finding) with a box, made once for the model and both floors."""
+    out = []
+    for i, film in enumerate(boxes):
         for j, finding in enumerate(findings):
-            mine = [box for box in boxes[i] if box.finding == finding]
+            mine = [box for box in film if box.finding == finding]
             if mine:
-                mask = box_mask(mine, size)
-                out[i, j] = pointing_game(heatmaps[i, j], mask), cnr(heatmaps[i, j], mask)
+                out.append((i, j, box_mask(mine, size), hit_region(mine, size, tolerance)))
+    return out
+
+
+def _scores(heatmaps: np.ndarray, references: Sequence[_Reference]) -> np.ndarray:
+    out = np.full((heatmaps.shape[0], heatmaps.shape[1], 2), np.nan)
+    for i, j, mask, region in references:
+        out[i, j] = pointing_game(heatmaps[i, j], region), cnr(heatmaps[i, j], mask)
     return out
 
 
@@ -142,7 +198,8 @@ class GroundedScores:
 
 
 def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Sequence[Sequence[Box]],
-                   findings: Sequence[str], seed: int, batch_size: int = 32, examples: int = 3) -> GroundedScores:  # fmt: skip
+                   findings: Sequence[str], seed: int, batch_size: int = 32, examples: int = 3,
+                   tolerance: float = POINTING_TOLERANCE) -> GroundedScores:  # fmt: skip
     """Grounding scores of the model's heatmaps and of both floors, at the model's input size.
 
     Args:
@@ -154,6 +211,7 @@ def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Se
         seed: the random floor's seed (batch ``b`` starting at film ``s`` uses ``seed + s``).
         batch_size: films per heatmap pass.
         examples: overlay examples kept per finding (the first films that have a box of it).
+        tolerance: the pointing game's margin, in pixels of each box's frame (:func:`hit_region`).
     """
     size, k = encoder.image_size, len(findings)
     model = np.full((len(paths), k, 2), np.nan)
@@ -164,29 +222,38 @@ def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Se
         rows = slice(start, start + batch_size)
         images = read_images(Path(root), list(paths[rows]), size, encoder.resize)
         its_boxes = list(boxes[rows])
+        references = _references(its_boxes, findings, size, tolerance)
         maps = heatmaps(encoder, images, findings) if able else None
         able = maps is not None
         if able:
-            model[rows] = grounding_scores(maps, its_boxes, findings)
+            model[rows] = _scores(maps, references)
             for i, film in enumerate(its_boxes):
                 for j, finding in enumerate(findings):
                     mine = tuple(b for b in film if b.finding == finding)
                     flat += bool(mine) and np.ptp(maps[i, j]) == 0
                     if mine and len(shown[finding]) < examples:
                         shown[finding].append((images[i], maps[i, j], mine, Path(paths[start + i]).stem))
-        centre[rows] = grounding_scores(np.broadcast_to(prior, (len(images), k, size, size)), its_boxes, findings)
-        noise[rows] = grounding_scores(random_heatmaps(len(images), k, size, seed + start), its_boxes, findings)
+        centre[rows] = _scores(np.broadcast_to(prior, (len(images), k, size, size)), references)
+        noise[rows] = _scores(random_heatmaps(len(images), k, size, seed + start), references)
     notes = [f"heatmaps at {size} px (the model's input size); floors: a centred Gaussian (sigma = size/4) and "
-             f"uniform noise seeded with {seed} + batch start"]  # fmt: skip
+             f"uniform noise seeded with {seed} + batch start",
+             f"pointing game: TorchRay's, the first maximum is a hit within {tolerance:g} px of a box in the boxes' "
+             f"frame ({tolerance * size / _frame(boxes):.2f} px at {size} px); CNR signed (below 0: the map is "
+             f"dimmer on the box than around it)"]  # fmt: skip
     if able:
         notes.append(f"model heatmaps: {heatmap_note(encoder)}")
         pairs = int(sum(any(b.finding == f for b in film) for film in boxes for f in findings))
         if flat:
-            notes.append(f"{flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores its box's "
-                         f"area share in the pointing game and 0 CNR")  # fmt: skip
+            notes.append(f"{flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores the share "
+                         f"of pixels that would be hits in the pointing game and 0 CNR")  # fmt: skip
     else:
         notes.append(f"model: no heatmaps for {encoder.description} (n/a)")
     return GroundedScores({"model": model if able else None, "centre": centre, "random": noise}, flat, shown, notes)
+
+
+def _frame(boxes: Sequence[Sequence[Box]]) -> int:
+    """The widest frame the boxes were drawn in, for the note that converts the tolerance to heatmap pixels."""
+    return max((max(b.frame_width, b.frame_height) for film in boxes for b in film), default=1)
 
 
 def grounding_table(methods: dict[str, np.ndarray | None], groups: dict[str, np.ndarray], n_boot: int, seed: int,
