@@ -22,12 +22,12 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from apps.benchmarks.imageclef_concepts.scoring import (
-    MANUAL_2025,
     ConceptFileError,
     manual_vocabulary,
     per_image_f1,
     read_concepts,
     read_run,
+    secondary_vocabulary,
 )
 from apps.benchmarks.imageclef_concepts.tables import per_concept_table
 from apps.submission import SubmissionError, submission_format
@@ -42,10 +42,14 @@ from training.data.manifest import load_manifest
 from training.errors import UserError, user_errors
 
 SHOWN_CONCEPTS = 20  # rows of the per-concept table printed (all of them go to --out)
-#: The secondary score's vocabulary: the organisers' 2025 list of 15 modality and body-region CUIs, or every
-#: concept of the manual table (which adds ROCOv2's projections, PA and AP). The imageclef-concepts benchmark
-#: makes the same choice (configs/benchmark/imageclef-concepts.yaml).
-SECONDARY: dict[str, Callable[[dict], frozenset[str]]] = {"2025": lambda _: MANUAL_2025, "manual": manual_vocabulary}
+#: The secondary score's vocabulary: the 2024 task's 14 modality and X-ray body-region CUIs, the 2025/2026
+#: evaluators' 15, or every concept of the manual table (which adds ROCOv2's projections, PA and AP). The
+#: imageclef-concepts benchmark makes the same choice (configs/benchmark/imageclef-concepts.yaml).
+SECONDARY: dict[str, Callable[[dict], frozenset[str]]] = {
+    "2024": lambda _: secondary_vocabulary("2024"),
+    "2025": lambda _: secondary_vocabulary("2025"),
+    "manual": manual_vocabulary,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", default="task1")
     parser.add_argument("--n-boot", type=int, default=1000)
     parser.add_argument("--manual", type=Path, default=None, help="concept tasks: the manual table (secondary F1)")
-    parser.add_argument("--secondary", default="2025", choices=sorted(SECONDARY), help="concept tasks: its vocabulary")
+    parser.add_argument("--secondary", default="2024", choices=sorted(SECONDARY), help="concept tasks: its vocabulary")
     parser.add_argument("--names", type=Path, default=None, help="concept tasks: CUI,name table for the report")
     parser.add_argument("--out", type=Path, default=None, help="concept tasks: write the per-concept table here")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")

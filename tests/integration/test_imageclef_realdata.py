@@ -13,7 +13,10 @@ import pytest
 from sklearn.metrics import f1_score
 
 from apps.benchmarks.imageclef_concepts.scoring import (
+    MANUAL_2024,
     MANUAL_2025,
+    SubmissionCheckError,
+    check_submission,
     concept_f1,
     frequency_prior,
     manual_vocabulary,
@@ -29,7 +32,8 @@ pytestmark = pytest.mark.realdata
 #: rows, and rows with an empty manual CUIs cell, per split (gzip CSV, header ``ID,CUIs``)
 ROWS = {"train": 59962, "valid": 9904, "test": 9927}
 EMPTY_MANUAL = {"train": 493, "valid": 130, "test": 105}
-#: the train-frequency prior's scores: primary, secondary (MANUAL_2025), secondary (the split's manual vocabulary)
+#: the train-frequency prior's scores: primary, secondary (MANUAL_2024, the default; MANUAL_2025 gives the same on
+#: ROCOv2), secondary (the split's manual vocabulary)
 BASELINE = {
     "valid": (0.25894610914304567, 0.3724677716390424, 0.3587340563399495),
     "test": (0.2559950682988565, 0.3687538179596823, 0.35490735084504177),
@@ -109,9 +113,20 @@ def test_scores_match_the_evaluators_sklearn_computation(tables):
 
     run = dict.fromkeys(ids, tuple(prior))
     assert concept_f1({i: full[i] for i in ids}, run) == pytest.approx(evaluator(full, None), abs=1e-12)
-    assert concept_f1({i: manual[i] for i in ids}, run, MANUAL_2025) == pytest.approx(
-        evaluator(manual, MANUAL_2025), abs=1e-12
-    )
+    for vocabulary in (MANUAL_2024, MANUAL_2025):
+        assert concept_f1({i: manual[i] for i in ids}, run, vocabulary) == pytest.approx(
+            evaluator(manual, vocabulary), abs=1e-12
+        )
+
+
+def test_the_2024_and_2025_vocabularies_agree_on_rocov2(tables):
+    """2025 only adds OCT (C0920367), which no ROCOv2 table holds: the secondary figures are the same."""
+    prior = frequency_prior(tables["train"][0])
+    for split in ("valid", "test"):
+        full, manual = tables[split]
+        assert not any("C0920367" in concepts for concepts in full.values())
+        run = dict.fromkeys(full, prior)
+        assert concept_f1(manual, run, MANUAL_2024) == concept_f1(manual, run, MANUAL_2025)
 
 
 def test_write_run_on_the_test_ids_round_trips(tables, tmp_path):
@@ -121,10 +136,16 @@ def test_write_run_on_the_test_ids_round_trips(tables, tmp_path):
     path = tmp_path / "run.csv"
     back = write_run(path, dict.fromkeys(ids, prior), ids)
     lines = path.read_text().splitlines()
-    assert len(lines) == len(ids) and lines[0] == f"{ids[0]},{';'.join(prior)}"
+    assert len(lines) == len(ids) + 1 and lines[:2] == ["ID,CUIs", f"{ids[0]},{';'.join(prior)}"]
+    check_submission(path, ids)  # the 2026 submission check's stated format, against the ground-truth order
+    swapped = path.with_name("swapped.csv")
+    swapped.write_text("\n".join([lines[0], lines[2], lines[1], *lines[3:]]) + "\n")
+    with pytest.raises(SubmissionCheckError, match="'order' failed"):
+        check_submission(swapped, ids)
     assert read_run(path, ids) == back == dict.fromkeys(ids, prior)
     assert concept_f1(full, back) == pytest.approx(BASELINE["test"][0], abs=1e-12)
     # the ground truth itself as a run (with a header) reads back and scores 1
-    write_run(path, full, ids, header=True)
+    write_run(path, full, ids)
+    check_submission(path, ids)
     assert concept_f1(full, read_run(path, ids)) == 1.0
     assert concept_f1(manual, read_run(path, ids), MANUAL_2025) == pytest.approx(FULL_AS_RUN_SECONDARY["test"])

@@ -55,6 +55,15 @@ def test_the_frequency_prior_scores_what_the_organisers_rules_give_by_hand(tmp_p
     assert 0 <= values[("model", "f1_primary")] <= 1
 
 
+def test_the_secondary_vocabulary_is_the_2024_tasks_by_default_and_a_wrong_name_is_refused():
+    from apps.benchmarks.imageclef_concepts import ConceptProtocol
+    from apps.benchmarks.imageclef_concepts.scoring import MANUAL_2024
+
+    assert load_protocol("imageclef-concepts").named == MANUAL_2024
+    with pytest.raises(ValueError, match="secondary: no secondary vocabulary '1999'"):
+        ConceptProtocol("x", "x", 0, {"test": "test"}, {}, 10, "1999", "{name}", "image")
+
+
 def test_a_release_without_its_images_is_named(tmp_path):
     write_rocov2(tmp_path)
     (tmp_path / "test" / "ROCOv2_2023_test_000003.jpg").unlink()
@@ -74,6 +83,10 @@ def test_the_most_common_caption_floor_and_retrieval(tmp_path):
     assert values[("constant", "rouge1")] == pytest.approx(expected)
     assert np.isnan(values[("constant", "bertscore")])  # the organisers' DeBERTa is not on this machine
     assert any("bertscore: n/a (" in n and "deberta" in n.lower() for n in result.notes)
+    for name in ("meteor", "cider"):  # computed by pycocoevalcap
+        assert np.isfinite(values[("constant", name)]) and values[("constant", name)] >= 0
+    for name in ("bleurt", "clipscore", "refclipscore", "clinicalbleurt", "medbertscore"):  # need weights: n/a
+        assert np.isnan(values[("constant", name)]) and any(n.startswith(f"{name}: n/a (") for n in result.notes)
     assert set(result.scores["nearest"]) <= {caption_of(i) for i in range(40)} and len(constant) > 0
 
 

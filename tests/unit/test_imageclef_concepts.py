@@ -1,4 +1,5 @@
-"""ImageCLEFmedical concept detection: hand-computed F1s, the left-out rules, run-file errors and the run writer."""
+"""ImageCLEFmedical concept detection: hand-computed F1s, the empty-truth rules, run-file errors, the 2026 submission
+check and the run writer."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ import pytest
 from sklearn.metrics import f1_score
 
 from apps.benchmarks.imageclef_concepts.scoring import (
+    MANUAL_2024,
     MANUAL_2025,
     MAX_CONCEPTS,
     ConceptFileError,
+    SubmissionCheckError,
+    check_submission,
     concept_f1,
+    empty_rows,
     frequency_prior,
     image_f1,
     manual_vocabulary,
     per_image_f1,
     read_concepts,
     read_run,
+    secondary_vocabulary,
     write_run,
 )
 
@@ -53,30 +59,52 @@ def test_partial_overlap():
     assert image_f1({A}, {B}) == 0.0  # tp = 0
 
 
-def test_empty_prediction_scores_zero_and_empty_truth_is_left_out():
+def test_empty_prediction_scores_zero_and_the_two_empty_truth_rules():
     assert image_f1({A, B}, set()) == 0.0  # tp = 0 against a non-empty truth
-    assert math.isnan(image_f1(set(), {A}))  # empty truth: not scored
+    assert math.isnan(image_f1(set(), {A}))  # secondary rule: an empty (filtered) truth is not scored
     assert math.isnan(image_f1(set(), set()))
+    # primary rule: the evaluator reads an empty cell as the one concept "": {""} vs {""} -> F1 1, vs {A} -> 0
+    assert image_f1(set(), set(), empty_truth="cell") == evaluator_f1({""}, {""}) == 1.0
+    assert image_f1(set(), {A}, empty_truth="cell") == evaluator_f1({""}, {A}) == 0.0
+    with pytest.raises(ValueError, match="skip or cell"):
+        image_f1(set(), set(), empty_truth="drop")
 
 
-def test_empty_truth_images_leave_the_mean():
+def test_an_empty_primary_truth_cell_is_not_left_out():
+    truth = {"x": {A, B}, "y": set(), "z": {C}, "w": set()}
+    run = {"x": [A], "y": [A, B], "z": [C, D], "w": []}
+    # x: tp 1, |T| 2, |P| 1 -> 2/3;  z: tp 1, |T| 1, |P| 2 -> 2/3;  y: empty truth, concepts predicted -> 0;
+    # w: empty truth, empty prediction -> 1.  Mean over all four: (2/3 + 0 + 2/3 + 1) / 4 = 7/12
+    ids, values = per_image_f1(truth, run)
+    assert ids == ("x", "y", "z", "w")
+    np.testing.assert_allclose(values, [2 / 3, 0.0, 2 / 3, 1.0])
+    assert concept_f1(truth, run) == pytest.approx(7 / 12)
+
+
+def test_an_empty_secondary_truth_leaves_the_mean():
     truth = {"x": {A, B}, "y": set(), "z": {C}}
     run = {"x": [A], "y": [A, B], "z": [C, D]}
-    # x: tp 1, |T| 2, |P| 1 -> 2/3;  z: tp 1, |T| 1, |P| 2 -> 2/3;  y: empty truth, left out
-    # mean over the 2 scored images = 2/3 (NOT (2/3 + 2/3 + 0) / 3 = 4/9)
-    ids, values = per_image_f1(truth, run)
-    assert ids == ("x", "y", "z")
-    assert values[0] == pytest.approx(2 / 3) and math.isnan(values[1]) and values[2] == pytest.approx(2 / 3)
-    assert concept_f1(truth, run) == pytest.approx(2 / 3)
+    # allowed {A, B, C}: x -> 2/3; z: T {C}, P {C} -> 1; y: empty filtered truth, left out -> mean (2/3 + 1) / 2
+    _, values = per_image_f1(truth, run, allowed={A, B, C})
+    assert values[0] == pytest.approx(2 / 3) and math.isnan(values[1]) and values[2] == 1.0
+    assert concept_f1(truth, run, {A, B, C}) == pytest.approx(5 / 6)
 
 
-def test_every_truth_empty_is_nan_with_a_warning_not_a_zero_division():
-    truth = {"x": set(), "y": frozenset()}
+def test_every_secondary_truth_empty_is_nan_with_a_warning_not_a_zero_division():
     with pytest.warns(RuntimeWarning, match="every image is left out"):
-        assert math.isnan(concept_f1(truth, {"x": [A], "y": []}))
-    # the secondary rule: the truth is non-empty but nothing of it is allowed
+        assert math.isnan(concept_f1({"x": set(), "y": frozenset()}, {"x": [A], "y": []}, allowed={A}))
+    # the truth is non-empty but nothing of it is allowed
     with pytest.warns(RuntimeWarning, match="allowed-filtered"):
         assert math.isnan(concept_f1({"x": {A}}, {"x": [A]}, allowed={B}))
+
+
+def test_the_named_secondary_vocabularies():
+    # 2024: 6 modalities + 8 X-ray body regions; 2025 adds optical coherence tomography and nothing else
+    assert len(MANUAL_2024) == 14 and {"C0920367"} == MANUAL_2025 - MANUAL_2024 and MANUAL_2024 < MANUAL_2025
+    assert secondary_vocabulary("2024") == MANUAL_2024
+    assert not MANUAL_2025 & {"C1999039", "C1996865", "C0205129"}  # no projection (AP, PA, sagittal) is scored
+    with pytest.raises(ValueError, match="no secondary vocabulary '2023'.*known: 2024, 2025"):
+        secondary_vocabulary("2023")
 
 
 def test_case_and_spaces_do_not_matter():
@@ -109,9 +137,10 @@ def test_equals_sklearn_per_image_on_random_sets():
         truth[f"i{i}"], run[f"i{i}"] = true, sorted(predicted)
         if true:
             assert image_f1(true, predicted) == pytest.approx(evaluator_f1(true, predicted), abs=1e-12)
-    # the evaluator's mean: sum over non-empty truths / their number
-    scored = [evaluator_f1(truth[i], run[i]) for i in truth if truth[i]]
-    assert 0 < len(scored) < len(truth)
+    # the evaluator's primary mean: every image, an empty cell read as the one concept "" (truth and ID, run lines)
+    cell = lambda concepts: set(concepts) or {""}  # noqa: E731
+    assert sum(not t for t in truth.values()) > 0 and any(not truth[i] and not run[i] for i in truth)
+    scored = [evaluator_f1(cell(truth[i]), cell(run[i])) for i in truth]
     assert concept_f1(truth, run) == pytest.approx(sum(scored) / len(scored), abs=1e-12)
     allowed = set(vocabulary[:5])
     kept = [(truth[i] & allowed, set(run[i]) & allowed) for i in truth]
@@ -213,17 +242,66 @@ def test_write_run_round_trip(tmp_path):
     predictions = {"img3": [C], "img1": [B, f" {A.lower()} ", B, A], "img2": []}
     path = tmp_path / "run.csv"
     back = write_run(path, predictions, IDS)
-    # test-id order; de-duplicated keeping first occurrence, caller's order, upper-cased; empty -> id alone
-    assert path.read_text() == f"img1,{B};{A}\nimg2\nimg3,{C}\n"
+    # the 2026 format: header, test-id order; de-duplicated keeping first occurrence, upper-cased; empty -> "id,"
+    assert path.read_text() == f"ID,CUIs\nimg1,{B};{A}\nimg2,\nimg3,{C}\n"
+    check_submission(path, IDS)
     assert back == read_run(path, IDS) == {"img1": (B, A), "img2": (), "img3": (C,)}
+    assert empty_rows(back) == ["img2"]
     assert [p.name for p in tmp_path.iterdir()] == ["run.csv"]  # no temporary left
-    write_run(path, predictions, IDS, header=True)
-    assert path.read_text().startswith("ID,CUIs\n") and read_run(path, IDS) == back
+    write_run(path, predictions, IDS, header=False)  # the bare 2025-style file: read the same, refused by the check
+    assert path.read_text() == f"img1,{B};{A}\nimg2\nimg3,{C}\n" and read_run(path, IDS) == back
+    with pytest.raises(SubmissionCheckError, match="'header'"):
+        check_submission(path, IDS)
     gz = tmp_path / "run.csv.gz"
     write_run(gz, predictions, IDS)
     assert gz.read_bytes()[:2] == b"\x1f\x8b" and read_run(gz, IDS) == back
     truth = {"img1": {A, B}, "img2": {C}, "img3": {C}}
     assert concept_f1(truth, back) == pytest.approx((1 + 0 + 1) / 3)
+
+
+GOOD = f"ID,CUIs\nimg1,{A};{B}\nimg2,\nimg3,C123\n"  # an empty cell and a short CUI are both allowed
+
+
+@pytest.mark.parametrize(
+    ("text", "rule", "line"),
+    [
+        ("\ufeff" + GOOD, "encoding", 1),
+        (f"img1,{A}\nimg2,\nimg3,{C}\n", "header", 1),  # no header: the write_run default of before
+        (GOOD.replace("ID,CUIs", "id,cuis"), "header", 1),
+        (GOOD.replace("ID,CUIs", "ID,CUIs,x"), "header", 1),
+        (GOOD + "\n", "blank line", 5),
+        (GOOD.replace("img2,\n", "img2,\n\n"), "blank line", 4),
+        (GOOD.replace("img2,", "img2"), "fields", 3),
+        (GOOD.replace("img2,", f"img2,{A},{B}"), "fields", 3),
+        (GOOD.replace("img2,", f"img2, {A}"), "whitespace", 3),
+        (GOOD.replace("img2,", f" img2,{A}"), "whitespace", 3),
+        (GOOD.replace("img3,C123", "img1,C123"), "duplicate id", 4),
+        (GOOD.replace("img3", "img9"), "unknown id", 4),
+        (f"ID,CUIs\nimg1,{A}\nimg2,\n", "missing ids", None),
+        (f"ID,CUIs\nimg2,\nimg1,{A}\nimg3,{C}\n", "order", 2),
+        (GOOD.replace("img2,", f"img2,{A};"), "empty CUI", 3),
+        (GOOD.replace("img2,", f"img2,{A};;{B}"), "empty CUI", 3),
+        (GOOD.replace("img2,", f"img2,{A.lower()}"), "CUI format", 3),
+        (GOOD.replace("img2,", "img2,C12a"), "CUI format", 3),
+        (GOOD.replace("img2,", f"img2,{A};{B};{A}"), "duplicate CUI", 3),
+    ],
+)
+def test_the_2026_submission_check_names_the_broken_rule(tmp_path, text, rule, line):
+    path = tmp_path / "submission.csv"
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(SubmissionCheckError, match=f"submission check '{rule}' failed") as caught:
+        check_submission(path, IDS)
+    assert caught.value.rule == rule
+    assert (f"line {line}:" in str(caught.value)) if line else ", line" not in str(caught.value)
+
+
+def test_the_2026_submission_check_passes_the_stated_format(tmp_path):
+    path = tmp_path / "submission.csv"
+    path.write_text(GOOD)
+    check_submission(path, IDS)  # raises on any broken rule (each one above)
+    path.write_bytes(GOOD.encode("latin-1").replace(b"img1", b"img\xe91"))
+    with pytest.raises(SubmissionCheckError, match="'encoding'"):
+        check_submission(path, IDS)
 
 
 @pytest.mark.parametrize(
@@ -258,3 +336,4 @@ def test_frequency_prior_and_manual_vocabulary():
     assert frequency_prior({"a": {A}, "b": {A, B}}) == (A, B)
     assert manual_vocabulary({"a": {A, B}, "b": frozenset(), "c": {b.lower() for b in [C]}}) == {A, B, C}
     assert len(MANUAL_2025) == 15 and all(len(cui) == 8 and cui.startswith("C") for cui in MANUAL_2025)
+    assert len(MANUAL_2024) == 14

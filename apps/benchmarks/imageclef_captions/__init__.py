@@ -6,10 +6,12 @@
 - Methods: *nearest caption*: the caption of the most similar pool image by the model's embedding (the consensus
   of the ``k`` nearest when ``k`` > 1), so any model the platform can load gets a captioner without a decoder;
   and *most common caption*, the same training caption for every image, as the floor.
-- Metrics (:mod:`apps.benchmarks.imageclef_captions.scoring`, the organisers' preprocessing: lower case, numbers -> "number",
-  no punctuation): BERTScore with the organisers' DeBERTa model when its weights are on this machine (primary;
-  otherwise n/a, with the reason in the report), ROUGE-1 F (secondary) and BLEU-1, averaged over captions; 1,000
-  resamples of images. Per-caption values are computed once and carried as the prediction's scores.
+- Metrics (:mod:`apps.benchmarks.imageclef_captions.scoring`, the organisers' preprocessing: lower case, digit runs ->
+  "number", ``string.punctuation`` deleted): the task's ten, BERTScore with the organisers' DeBERTa model and idf
+  weights when its weights are on this machine (primary; otherwise n/a, with the reason in the report), ROUGE-1 F
+  (secondary), BLEU-1, METEOR and CIDEr-D computed, and BLEURT, CLIPScore, RefCLIPScore, ClinicalBLEURT and
+  MedBERTScore n/a with the reason (model weights); averaged over captions, 1,000 resamples of images. Per-caption
+  values are computed once and carried as the prediction's scores.
 """
 
 from __future__ import annotations
@@ -24,9 +26,25 @@ from apps.benchmarks.framework.encoders import Encoder, Target
 from apps.benchmarks.framework.protocol import Draw, Features, Outcome, Prediction, Protocol, Subset, Targets
 from apps.benchmarks.framework.sampling import hash_order
 from apps.benchmarks.framework.tables import find_table
-from apps.benchmarks.imageclef_captions.scoring import caption_scores, constant_caption, nearest_caption, read_captions
+from apps.benchmarks.imageclef_captions.scoring import (
+    caption_scores,
+    constant_caption,
+    nearest_caption,
+    read_captions,
+)
 
-METRICS = {"bertscore": "BERTScore F1 (primary)", "rouge1": "ROUGE-1 F (secondary)", "bleu1": "BLEU-1"}
+METRICS = {
+    "bertscore": "BERTScore F1 (primary)",
+    "rouge1": "ROUGE-1 F (secondary)",
+    "bleu1": "BLEU-1",
+    "meteor": "METEOR",
+    "cider": "CIDEr-D",
+    "bleurt": "BLEURT",
+    "clipscore": "CLIPScore",
+    "refclipscore": "RefCLIPScore",
+    "clinicalbleurt": "ClinicalBLEURT",
+    "medbertscore": "MedBERTScore",
+}
 
 
 class CaptionProtocol(Protocol):
@@ -83,7 +101,7 @@ class CaptionProtocol(Protocol):
         return Draw(version, {"test": test, "train": train}, {"k": self.k}, description)
 
     def per_caption(self, draw: Draw, captions: list[str]) -> tuple[np.ndarray, dict[str, str]]:
-        """``(N, 3)`` per-caption BERTScore, ROUGE-1 and BLEU-1, and the metrics that could not be computed."""
+        """``(N, M)`` per-caption values of :data:`METRICS` (NaN where n/a), and why each n/a one is."""
         ids = draw.test.ids
         result = caption_scores(dict(zip(ids, draw.test.targets.texts, strict=True)),
                                 dict(zip(ids, captions, strict=True)), self.bertscore_model)  # fmt: skip

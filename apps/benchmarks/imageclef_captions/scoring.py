@@ -1,29 +1,38 @@
 """ImageCLEFmedical Caption 2024 (ROCOv2) caption prediction: caption files, the organisers' metrics, two floors.
 
-Scoring (the organisers' rules, with the differences listed below): every reference and predicted caption goes
-through :func:`preprocess`, then each metric is computed per caption and averaged over the test images:
+The 2024 task reports ten caption metrics. Each is computed here with its reference implementation where a package
+does it on this machine without a download, or is n/a with the reason (:data:`NOT_AVAILABLE`):
 
-- BERTScore F1 with ``microsoft/deberta-xlarge-mnli`` (primary), through the ``bert-score`` package at the layer
-  it registers for that model (40), no idf weighting and no baseline rescaling by default. It is computed only when
-  the weights are on this machine -- a local folder, or the Hugging Face cache (``HF_HUB_CACHE``, else
+| metric | here |
+|---|---|
+| BERTScore (primary) | ``bert-score``, ``microsoft/deberta-xlarge-mnli`` at its registered layer (40), idf weights over the preprocessed references, F1; only when the weights are on this machine |
+| ROUGE-1 F (secondary) | ``rouge-score``, its default tokenizer, no stemmer |
+| BLEU-1 | ``nltk``'s ``sentence_bleu`` with weights ``(1,)``, one reference, whitespace tokens |
+| METEOR | ``pycocoevalcap``'s METEOR 1.5 (the COCO caption evaluation's Java jar, ``-l en -norm``) |
+| CIDEr | ``pycocoevalcap``'s CIDEr-D (n = 4, sigma = 6), document frequencies over the scored references |
+| BLEURT, ClinicalBLEURT, MedBERTScore | n/a: model checkpoints, none on this machine or in a package |
+| CLIPScore, RefCLIPScore | n/a: an image-text model's weights and the images |
+
+Every reference and predicted caption goes through :func:`preprocess` before a metric sees it, then each metric is
+computed per caption and averaged over the test images.
+
+Source of the rules: the organisers' published evaluators, ``caption_prediction/evaluator.py`` of the 2025 code
+(GitHub ``taubsity/clef-caption-evaluation``) and of the 2026 code (``taubsity/clef-caption-evaluation-2026``), read
+for reference only; nothing here is copied from them. The 2024 task's own evaluator is not published; its metric
+list is the 2024 overview's, and where the later evaluators still compute a metric (BERTScore, ROUGE) their settings
+are matched:
+
+- **BERTScore**: ``BERTScorer(model_type=microsoft/deberta-xlarge-mnli, idf=True, idf_sents=<every reference,
+  preprocessed>)``, its F1 per caption (the 2026 evaluator; the 2025 one reported recall). Computed only when the
+  weights are on this machine -- a local folder, or the Hugging Face cache (``HF_HUB_CACHE``, else
   ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``) -- and then loaded from that folder, so no network is ever
-  used. Otherwise the per-caption values are NaN and :attr:`CaptionScores.not_computed` says which model was asked
-  for and where it was looked for. Another model is never scored under this one's name: the model actually loaded
-  is recorded in :attr:`CaptionScores.bertscore_model` / ``bertscore_folder``.
-- ROUGE-1 F-measure (secondary), through ``rouge-score`` with the organisers' settings: its default tokenizer (which
-  keeps ``[a-z0-9]`` runs only) and no stemmer.
-- BLEU-1 (also reported by the organisers in earlier years): clipped unigram precision times the brevity penalty,
-  one reference, per caption; tokens are the whitespace-separated words of the preprocessed caption.
-
-Empty captions (after preprocessing): both empty scores 1.0 (as the organisers' evaluator does); exactly one empty
-scores 0.0, for every metric (``bert-score`` itself cannot embed an empty sentence with the installed transformers).
-
-Differences from the organisers' evaluators (2025: ``evaluate``'s rouge and bertscore per caption; 2026:
-``BERTScorer``): their number pattern is ``\\d+``, so ``3.5`` becomes ``number.number`` and, once the dot is
-removed, the single token ``numbernumber``; here a decimal is one ``number``. They remove ``string.punctuation``
-only; here unicode punctuation (``’``, ``–``, ``“``) goes too. Their 2026 BERTScore weights tokens by idf over the
-preprocessed references (``bertscore_idf=True`` here) and the 2025 one reported recall; here F1 without idf is the
-default, as the 2024 task description states.
+  used; otherwise the values are NaN and :attr:`CaptionScores.not_computed` says which model was asked for and
+  where it was looked for. Another model is never scored under this one's name.
+- **Empty captions**, the 2026 evaluator's rule on the *raw* strings: when both the reference and the prediction are
+  empty strings (length 0, before any preprocessing) the caption scores 1 on every metric bounded by 1 (BERTScore,
+  ROUGE-1, BLEU-1, METEOR); otherwise the metric is computed on the preprocessed pair, and a side that is empty
+  after preprocessing (``"..."``) scores 0, as ``rouge-score`` and ``bert-score`` score an empty sentence. CIDEr has
+  no such rule (its scale is not 0..1): it is what the implementation gives, 0 for an empty side.
 
 Floors: :func:`constant_caption` (the most common training caption for every image) and :func:`nearest_caption`
 (the caption of the most similar training image by embedding cosine).
@@ -37,8 +46,10 @@ import io
 import math
 import os
 import re
+import shutil
 import string
-from collections import Counter
+import warnings
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -47,7 +58,15 @@ from pathlib import Path
 import numpy as np
 
 BERTSCORE_MODEL = "microsoft/deberta-xlarge-mnli"
-METRICS = ("bertscore", "rouge1", "bleu1")
+METRICS = ("bertscore", "rouge1", "bleu1", "meteor", "cider")
+NOT_AVAILABLE = {
+    "bleurt": "BLEURT needs its checkpoint weights (BLEURT-20), which no installed package ships",
+    "clipscore": "CLIPScore needs the organisers' image-text model weights and the test images",
+    "refclipscore": "RefCLIPScore needs the organisers' image-text model weights and the test images",
+    "clinicalbleurt": "ClinicalBLEURT needs its clinically fine-tuned BLEURT checkpoint, which no package ships",
+    "medbertscore": "MedBERTScore needs a medical BERT model's weights, which no installed package ships",
+}
+"""The task's other metrics, each n/a with the reason: every one needs model weights this machine does not have."""
 ID_COLUMN, CAPTION_COLUMN = "ID", "Caption"
 MAX_LISTED = 5  # ids listed in a missing-ids message before summarising
 
@@ -218,50 +237,102 @@ def read_caption_run(path: str | Path, test_ids: Sequence[str] | Mapping[str, st
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def both_empty(reference: str, candidate: str) -> bool:
+    """The organisers' agreement rule: both *raw* strings are empty (length 0, nothing preprocessed or stripped)."""
+    return len(reference) == 0 and len(candidate) == 0
+
+
 @lru_cache(maxsize=1)
 def _rouge():
     """The organisers' ROUGE-1 settings: ``rouge-score``'s default tokenizer (lower-case, ``[a-z0-9]+`` runs), no
     stemmer. After :func:`preprocess` it differs from a whitespace split only on non-ASCII letters, which it treats
     as separators (``naïve`` -> ``na``, ``ve``)."""
-    from rouge_score import rouge_scorer, tokenizers
+    from rouge_score import rouge_scorer
 
-    tokenizer = tokenizers.DefaultTokenizer(use_stemmer=False)
-    return rouge_scorer.RougeScorer(["rouge1"], use_stemmer=False, tokenizer=tokenizer), tokenizer
+    return rouge_scorer.RougeScorer(["rouge1"], use_stemmer=False)
 
 
 def rouge1_f(reference: str, candidate: str) -> float:
     """ROUGE-1 F-measure of ``candidate`` against one ``reference``, both put through :func:`preprocess` first.
 
     ``2 * P * R / (P + R)`` with ``P = overlap / candidate tokens`` and ``R = overlap / reference tokens``, where
-    the overlap counts each word at most as often as the other side has it. Both token lists empty: 1.0; one empty:
-    0.0.
+    the overlap counts each word at most as often as the other side has it. Both raw strings empty: 1.0; otherwise
+    ``rouge-score``'s value, 0.0 when either side has no token.
     """
-    scorer, tokenizer = _rouge()
-    reference, candidate = preprocess(reference), preprocess(candidate)
-    ref_tokens, cand_tokens = tokenizer.tokenize(reference), tokenizer.tokenize(candidate)
-    if not ref_tokens and not cand_tokens:
+    if both_empty(reference, candidate):
         return 1.0
-    if not ref_tokens or not cand_tokens:
-        return 0.0
-    return float(scorer.score(reference, candidate)["rouge1"].fmeasure)
+    return float(_rouge().score(preprocess(reference), preprocess(candidate))["rouge1"].fmeasure)
 
 
 def bleu1(reference: str, candidate: str) -> float:
-    """Sentence-level BLEU-1 of ``candidate`` against one ``reference``, both put through :func:`preprocess` and
-    split on whitespace: ``BP * p1`` where ``p1 = clipped matches / c`` (a candidate word counts at most as often as
-    the reference has it), ``BP = 1`` if ``c > r`` else ``exp(1 - r / c)``, ``c`` and ``r`` the token counts. No
-    smoothing (none is needed for unigrams). Both empty: 1.0; one empty: 0.0.
+    """Sentence-level BLEU-1 of ``candidate`` against one ``reference`` by ``nltk``'s ``sentence_bleu`` (weights
+    ``(1,)``): ``BP * p1``, the clipped unigram precision times the brevity penalty ``exp(1 - r / c)`` when the
+    candidate is shorter. Tokens are the whitespace-separated words of the preprocessed captions. Both raw strings
+    empty: 1.0; either side without a token: 0.0 (no unigram can match).
     """
-    ref_tokens, cand_tokens = preprocess(reference).split(), preprocess(candidate).split()
-    if not ref_tokens and not cand_tokens:
+    if both_empty(reference, candidate):
         return 1.0
+    ref_tokens, cand_tokens = preprocess(reference).split(), preprocess(candidate).split()
     if not ref_tokens or not cand_tokens:
         return 0.0
-    ref_counts = Counter(ref_tokens)
-    matches = sum(min(n, ref_counts[w]) for w, n in Counter(cand_tokens).items())
-    c, r = len(cand_tokens), len(ref_tokens)
-    brevity = 1.0 if c > r else math.exp(1.0 - r / c)
-    return brevity * matches / c
+    from nltk.translate.bleu_score import sentence_bleu
+
+    with warnings.catch_warnings():  # nltk warns on a zero count; 0 is the value meant
+        warnings.simplefilter("ignore")
+        return float(sentence_bleu([ref_tokens], cand_tokens, weights=(1.0,)))
+
+
+@lru_cache(maxsize=1)
+def _meteor_jar(meteor_class):
+    """One METEOR Java process for the whole session: starting it (loading its paraphrase tables) takes seconds.
+    Its ``__del__`` ends it at exit."""
+    return meteor_class()
+
+
+def meteor(references: Sequence[str], candidates: Sequence[str]) -> tuple[np.ndarray | None, str]:
+    """Per-caption METEOR by ``pycocoevalcap`` (METEOR 1.5, English, ``-norm``: the COCO caption evaluation's jar).
+
+    ``(values, "")``, or ``(None, reason)`` when Java or the package is missing. Pairs are preprocessed first; both
+    raw strings empty score 1.0, a side without a token 0.0 (no match is possible; the jar is not asked).
+    """
+    values = np.zeros(len(references))
+    asked = {}
+    for i, (reference, candidate) in enumerate(zip(references, candidates, strict=True)):
+        ref, cand = " ".join(preprocess(reference).split()), " ".join(preprocess(candidate).split())
+        if both_empty(reference, candidate):
+            values[i] = 1.0
+        elif ref and cand:
+            asked[i] = (ref, cand)
+    if not asked:
+        return values, ""
+    if shutil.which("java") is None:
+        return None, "METEOR 1.5 runs on Java, and no java is on PATH"
+    try:
+        from pycocoevalcap.meteor.meteor import Meteor
+    except ImportError as error:
+        return None, f"pycocoevalcap is not installed ({error})"
+    keys = list(asked)
+    _, scores = _meteor_jar(Meteor).compute_score({k: [asked[k][0]] for k in keys}, {k: [asked[k][1]] for k in keys})
+    values[keys] = np.asarray(scores, dtype=float)
+    return values, ""
+
+
+def cider(references: Sequence[str], candidates: Sequence[str]) -> tuple[np.ndarray | None, str]:
+    """Per-caption CIDEr-D by ``pycocoevalcap`` (n = 4, sigma = 6), the document frequencies taken over all the
+    ``references`` given (so a caption's value depends on the set it is scored in, as CIDEr defines it).
+
+    ``(values, "")``, or ``(None, reason)`` without the package. Captions are preprocessed and whitespace-tokenised.
+    """
+    try:
+        from pycocoevalcap.cider.cider import Cider
+    except ImportError as error:
+        return None, f"pycocoevalcap is not installed ({error})"
+    if not references:
+        return np.zeros(0), ""
+    refs = {i: [" ".join(preprocess(r).split())] for i, r in enumerate(references)}
+    cands = {i: [" ".join(preprocess(c).split())] for i, c in enumerate(candidates)}
+    _, scores = Cider().compute_score(refs, cands)
+    return np.asarray(scores, dtype=float), ""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -319,9 +390,27 @@ def resolve_local_model(model: str) -> tuple[Path | None, str]:
     return (None, f"{model}: cached snapshot incomplete: {problem}") if problem else (snapshot, "")
 
 
-def _bertscore_f1(refs: list[str], cands: list[str], model: str, num_layers: int | None, idf: bool,
-                  device: str | None, batch_size: int) -> tuple[np.ndarray | None, str, Path | None, int | None]:  # fmt: skip
-    """Per-pair F1 for non-empty preprocessed pairs: ``(values, "", folder, layers)`` or ``(None, reason, ...)``."""
+def idf_weights(tokenizer, sentences: Sequence[str]) -> defaultdict:
+    """``bert-score``'s idf weights over ``sentences`` (``get_idf_dict``: ``log((M + 1) / (df + 1))``, each token id
+    counted once per sentence, ``log(M + 1)`` for an unseen one), with an empty sentence counted as ``bert-score``
+    encodes it, its special tokens alone: ``bert-score``'s own encoder fails on an empty sentence with the installed
+    transformers, and the organisers' idf corpus holds every reference, empty ones included."""
+    from bert_score.utils import sent_encode
+
+    special = tokenizer.encode("", add_special_tokens=True)
+    counts = Counter(i for s in sentences for i in set(sent_encode(tokenizer, s) if s.strip() else special))
+    total = len(sentences)
+    weights = defaultdict(lambda: math.log(total + 1))
+    weights.update({i: math.log((total + 1) / (n + 1)) for i, n in counts.items()})
+    return weights
+
+
+def _bertscore_f1(refs: list[str], cands: list[str], idf_refs: list[str], model: str, num_layers: int | None,
+                  idf: bool, device: str | None, batch_size: int) -> tuple[np.ndarray | None, str, Path | None, int | None]:  # fmt: skip
+    """Per-pair F1 for non-empty preprocessed pairs: ``(values, "", folder, layers)`` or ``(None, reason, ...)``.
+
+    ``idf_refs`` are the sentences the idf weights are counted over (every preprocessed reference, as the
+    organisers pass them), not only the pairs scored here."""
     if num_layers is None:
         from bert_score.utils import model2layers
 
@@ -346,8 +435,10 @@ def _bertscore_f1(refs: list[str], cands: list[str], model: str, num_layers: int
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         # Loaded from the folder, never by name: transformers makes no hub request, whatever HF_HUB_OFFLINE says.
-        scorer = BERTScorer(model_type=str(folder), num_layers=num_layers, lang="en", idf=idf,
-                            idf_sents=refs if idf else None, device=device, batch_size=batch_size)  # fmt: skip
+        scorer = BERTScorer(model_type=str(folder), num_layers=num_layers, lang="en", idf=idf, device=device,
+                            batch_size=batch_size)  # fmt: skip
+        if idf:
+            scorer._idf_dict = idf_weights(scorer._tokenizer, idf_refs)  # what idf_sents=idf_refs would set
     except Exception as error:
         return None, f"{model}: loading {folder} failed: {type(error).__name__}: {error}", folder, num_layers
     _, _, f1 = scorer.score(cands, refs, batch_size=batch_size)
@@ -365,8 +456,10 @@ class CaptionScores:
 
     Attributes:
         ids: the image ids, in the order of the arrays.
-        per_caption: metric -> ``(N,)`` float array (``bertscore``, ``rouge1``, ``bleu1``); NaN where not computed.
-        not_computed: metric -> why it was not computed (BERTScore without local weights, or not asked for).
+        per_caption: metric -> ``(N,)`` float array (:data:`METRICS` and :data:`NOT_AVAILABLE`); NaN where not
+            computed.
+        not_computed: metric -> why it was not computed (BERTScore without local weights, a metric needing weights
+            no package ships, or not asked for).
         bertscore_model: the model asked for (``None``: BERTScore not asked for).
         bertscore_folder: the folder its weights were loaded from (``None`` when not computed).
         bertscore_layer: the layer whose embeddings were used.
@@ -399,8 +492,9 @@ class CaptionScores:
 
 def caption_scores(references: Mapping[str, str], run: Mapping[str, str],
                    bertscore_model: str | None = BERTSCORE_MODEL, *, bertscore_num_layers: int | None = None,
-                   bertscore_idf: bool = False, device: str | None = None, batch_size: int = 32) -> CaptionScores:  # fmt: skip
-    """Scores ``run`` against ``references`` (both image id -> caption) after :func:`preprocess`.
+                   bertscore_idf: bool = True, device: str | None = None, batch_size: int = 32,
+                   lexical: bool = True) -> CaptionScores:  # fmt: skip
+    """Scores ``run`` against ``references`` (both image id -> caption) with the task's metrics (module docstring).
 
     Args:
         references: the true captions; the scores follow its order.
@@ -410,9 +504,12 @@ def caption_scores(references: Mapping[str, str], run: Mapping[str, str],
             ``not_computed``.
         bertscore_num_layers: the layer to use; ``None`` takes the one ``bert-score`` registers for a repo id
             (40 for ``microsoft/deberta-xlarge-mnli``); a local folder needs it given.
-        bertscore_idf: weight tokens by idf over the preprocessed references (the organisers' 2026 evaluator).
+        bertscore_idf: weight tokens by idf counted over every preprocessed reference (the organisers' setting,
+            the default); ``False`` weights tokens equally.
         device: ``cuda``/``cpu``; ``None`` uses CUDA when available.
         batch_size: BERTScore batch size.
+        lexical: also METEOR and CIDEr (``pycocoevalcap``; METEOR starts a Java process); ``False`` leaves them
+            n/a, for callers that only want BERTScore, ROUGE-1 and BLEU-1.
 
     Raises:
         ValueError: ``run``'s ids differ from ``references``'; a model without a registered layer and no
@@ -424,24 +521,25 @@ def caption_scores(references: Mapping[str, str], run: Mapping[str, str],
     if unknown or absent:
         raise ValueError(f"run and references differ: {len(absent)} reference ids without a caption "
                          f"{absent[:MAX_LISTED]}, {len(unknown)} run ids not in the references {unknown[:MAX_LISTED]}")  # fmt: skip
-    refs = [preprocess(references[i]) for i in ids]
-    cands = [preprocess(run[i]) for i in ids]
+    raw_refs, raw_cands = [references[i] for i in ids], [run[i] for i in ids]
     per_caption = {
-        "rouge1": np.array([rouge1_f(r, c) for r, c in zip(refs, cands, strict=True)], dtype=float),
-        "bleu1": np.array([bleu1(r, c) for r, c in zip(refs, cands, strict=True)], dtype=float),
+        "rouge1": np.array([rouge1_f(r, c) for r, c in zip(raw_refs, raw_cands, strict=True)], dtype=float),
+        "bleu1": np.array([bleu1(r, c) for r, c in zip(raw_refs, raw_cands, strict=True)], dtype=float),
     }
     not_computed: dict[str, str] = {}
+    refs, cands = [preprocess(r) for r in raw_refs], [preprocess(c) for c in raw_cands]
     bert = np.full(len(ids), np.nan)
     folder = layer = None
     if bertscore_model is None:
         not_computed["bertscore"] = "not asked for (bertscore_model=None)"
     else:
-        both_empty = np.array([not r and not c for r, c in zip(refs, cands, strict=True)])
-        one_empty = np.array([bool(r) != bool(c) for r, c in zip(refs, cands, strict=True)])
-        scored = ~(both_empty | one_empty)
+        agree = np.array([both_empty(r, c) for r, c in zip(raw_refs, raw_cands, strict=True)], dtype=bool)
+        blank = np.array([not r.split() or not c.split() for r, c in zip(refs, cands, strict=True)], dtype=bool)
+        scored = ~agree & ~blank
         values, reason, folder, layer = _bertscore_f1(
             [r for r, keep in zip(refs, scored, strict=True) if keep],
             [c for c, keep in zip(cands, scored, strict=True) if keep],
+            refs,
             bertscore_model,
             bertscore_num_layers,
             bertscore_idf,
@@ -451,9 +549,18 @@ def caption_scores(references: Mapping[str, str], run: Mapping[str, str],
         if values is None:
             not_computed["bertscore"] = reason
             folder = None
-        else:
-            bert[both_empty], bert[one_empty], bert[scored] = 1.0, 0.0, values
-    return CaptionScores(ids, {"bertscore": bert, **per_caption}, not_computed, bertscore_model,
+        else:  # an empty side scores 0, bert-score's value for an empty sentence (it cannot embed one here)
+            bert[blank & ~agree], bert[agree], bert[scored] = 0.0, 1.0, values
+    for name, metric in (("meteor", meteor), ("cider", cider)):
+        values, reason = metric(raw_refs, raw_cands) if lexical else (None, "not asked for (lexical=False)")
+        per_caption[name] = np.full(len(ids), np.nan) if values is None else values
+        if values is None:
+            not_computed[name] = reason
+    for name, reason in NOT_AVAILABLE.items():
+        per_caption[name] = np.full(len(ids), np.nan)
+        not_computed[name] = reason
+    ordered = {name: per_caption[name] for name in ("rouge1", "bleu1", "meteor", "cider", *NOT_AVAILABLE)}
+    return CaptionScores(ids, {"bertscore": bert, **ordered}, not_computed, bertscore_model,
                          None if folder is None else str(folder), layer)  # fmt: skip
 
 

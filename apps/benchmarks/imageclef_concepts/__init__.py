@@ -8,8 +8,9 @@
   the run's own threshold; an image-text model: every CUI whose prompt margin is positive), and the frequency
   prior (the most common training concepts, the same set for every image).
 - Metrics (:mod:`apps.benchmarks.imageclef_concepts.scoring`, the organisers' rules): the per-image F1 between the predicted
-  and true sets, averaged over the images with a non-empty truth (primary: all concepts; secondary: the manually
-  validated concepts only, both sides filtered to that vocabulary); 1,000 resamples of images.
+  and true sets (primary: all concepts, every image; secondary: the manually validated concepts only, both sides
+  filtered to a named vocabulary, the 2024 task's by default, images without a validated true concept left out);
+  1,000 resamples of images.
 
 The per-image F1 values are computed once (in :meth:`ConceptProtocol.predict`) and carried as the prediction's
 scores, so a bootstrap resample only averages them.
@@ -28,11 +29,11 @@ from apps.benchmarks.framework.encoders import Encoder, Target
 from apps.benchmarks.framework.protocol import Draw, Features, Outcome, Prediction, Protocol, Subset, Targets
 from apps.benchmarks.framework.tables import find_table
 from apps.benchmarks.imageclef_concepts.scoring import (
-    MANUAL_2025,
     frequency_prior,
     manual_vocabulary,
     per_image_f1,
     read_concepts,
+    secondary_vocabulary,
 )
 
 METRICS = {"f1_primary": "F1, all concepts (primary)", "f1_secondary": "F1, manually validated concepts (secondary)"}
@@ -47,8 +48,9 @@ class ConceptProtocol(Protocol):
         layout: file names with ``{split}``: ``concepts``, ``manual``, ``names`` (CUI -> name, optional),
             ``images`` (the image folder) and ``extension``.
         min_count: a concept is asked about when the training split has it at least this often.
-        secondary: ``manual`` (every concept of the manual tables, ROCOv2's validated vocabulary) or ``2025``
-            (the 15 CUIs the organisers' 2025 evaluator keeps).
+        secondary: the secondary score's vocabulary: a file stem of ``configs/benchmark/imageclef-secondary/``
+            (``2024``: the 2024 task's modality and X-ray body-region CUIs; ``2025``: the 15 CUIs of the 2025/2026
+            evaluators) or ``manual`` (every concept of the manual tables, which adds ROCOv2's projections).
         prompt: an image-text model's prompt, with ``{name}`` (the concept's name, or its CUI without a name file).
         negative_prompt: the contrasting prompt.
     """
@@ -58,9 +60,11 @@ class ConceptProtocol(Protocol):
     def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, str], layout: Mapping[str, str],
                  min_count: int, secondary: str, prompt: str, negative_prompt: str, bootstrap: str = "plain"):  # fmt: skip
         super().__init__(name, description, seed, versions, bootstrap)
-        if secondary not in ("manual", "2025"):
-            raise ValueError(f"benchmark {name}: secondary must be manual or 2025, got {secondary!r}")
-        self.layout, self.min_count, self.secondary = dict(layout), int(min_count), secondary
+        self.layout, self.min_count, self.secondary = dict(layout), int(min_count), str(secondary)
+        try:  # a named vocabulary is read now, so a wrong name fails before any data is read
+            self.named = None if self.secondary == "manual" else secondary_vocabulary(self.secondary)
+        except ValueError as error:
+            raise ValueError(f"benchmark {name}: secondary: {error}") from None
         self.prompt, self.negative_prompt = prompt, negative_prompt
         self._targets: tuple[Target, ...] = ()
         self.train: dict[str, frozenset[str]] = {}
@@ -93,7 +97,7 @@ class ConceptProtocol(Protocol):
                 path = self.table(root, "manual", other)
                 if path is not None and other != split:
                     vocabulary |= set(manual_vocabulary(read_concepts(path)))
-            self.allowed = frozenset(MANUAL_2025) if self.secondary == "2025" else frozenset(vocabulary)
+            self.allowed = self.named if self.named is not None else frozenset(vocabulary)
         counts = Counter(c for concepts in self.train.values() for c in concepts)
         kept = sorted(c for c, n in counts.items() if n >= self.min_count)
         names = self.concept_names(root)

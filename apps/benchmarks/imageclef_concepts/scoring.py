@@ -4,55 +4,65 @@ Each image carries a set of UMLS CUIs. Ground-truth tables are CSV ``ID,CUIs`` (
 image separated by ``;``; the manually validated tables (``*_concepts_manual.csv``) have the same form and may leave
 the CUIs cell empty.
 
-Source of the rules: the organisers' published evaluator, ``concept_detection/evaluator.py`` of the ImageCLEFmedical
-Caption 2025 evaluation code (``ConceptEvaluator``; GitHub ``taubsity/clef-caption-evaluation``), whose rules are
-those of 2024. It was read for reference only; nothing here is copied from it.
+Source of the rules: the organisers' published evaluators, ``concept_detection/evaluator.py`` of the ImageCLEFmedical
+Caption 2025 evaluation code (``ConceptEvaluator``; GitHub ``taubsity/clef-caption-evaluation``), unchanged in the
+2026 code (``taubsity/clef-caption-evaluation-2026``), and the 2026 submission check
+(``concept_detection/submission_check.py`` and that repository's README). They were read for reference only; nothing
+here is copied from them.
 
 Run file (:func:`read_run`), each rule as the evaluator applies it:
 
-* a CSV line ``<image id>,<cui1>;<cui2>;...``; a line of one field (the id alone) predicts no concept;
+* a CSV line ``<image id>,<cui1>;<cui2>;...``; a line of one field (the id alone) or an empty cell predicts no
+  concept;
 * a row whose first cell contains ``ID`` (case-sensitive) is a header and is skipped; no header is required;
 * a line of more than 2 fields, an id not in the test set, an id given twice, more than :data:`MAX_CONCEPTS`
   (100) concepts on a line and the same concept twice on a line are errors;
 * the run must contain every test id: a run missing images is rejected, never scored as zeros;
 * concepts are stripped of surrounding spaces and compared upper-cased; the image id is taken as written.
 
-Where this module differs from the evaluator (all stricter or clearer; none changes the score of a file that both
-accept):
+Where :func:`read_run` differs from the evaluator (all stricter or clearer; none changes the score of a file that
+both accept): an empty concept inside a non-empty cell (``C1;;C2``, ``C1;``) is an error here, where the evaluator
+keeps ``""`` as a false-positive concept; duplicates are detected after upper-casing; a row whose first cell
+contains ``ID`` but *is* a test id is data here; a blank line is a named error (an ``IndexError`` there); line
+numbers are the file's physical, 1-based lines; a UTF-8 byte-order mark is ignored and gzip run files are read.
 
-* an empty concept inside a non-empty cell (``C1;;C2``, ``C1;``) is an error here; the evaluator keeps ``""`` as a
-  concept, which counts as a false positive and silently lowers that image's F1. A cell that is empty or blank
-  altogether (``id,``) means no concept, as it scores in the evaluator;
-* duplicate concepts are detected after upper-casing (``c0000001;C0000001`` is an error); the evaluator compares
-  them as written (the pair scores as one concept there);
-* a row whose first cell contains ``ID`` but *is* a test id is data here; the evaluator would skip it (no ROCOv2
-  id contains ``ID``);
-* a blank line is a named error (the evaluator fails on it with an ``IndexError``);
-* line numbers are the file's physical, 1-based lines (header included); the evaluator counts data rows only;
-* a file starting with a UTF-8 byte-order mark is read as if it had none; gzip run files are read too.
+The 2026 submission check (:func:`check_submission`) is stricter than the evaluator and is what the organisers'
+platform runs first; every file :func:`write_run` leaves passes it. Its rules, as the organisers state them:
 
-Scores (:func:`concept_f1`, :func:`per_image_f1`):
+* UTF-8 without a byte-order mark; the header is exactly ``ID,CUIs``; no blank line anywhere;
+* every row has exactly the two fields; no space around the id or the CUIs cell;
+* every ground-truth id exactly once, no other id, **in the order of the ground-truth file**;
+* CUIs ``;``-separated with no empty entry, each ``C`` followed by digits (``C\\d+``, upper-case ``C``), none twice;
+  an empty CUIs cell (no concept) is allowed, as their README states. (Their 2026 code, as written, splits an empty
+  cell into one empty entry and rejects it; :func:`empty_rows` counts such rows so ``make submit`` can warn.)
+
+Scores (:func:`concept_f1`, :func:`per_image_f1`), the evaluator's arithmetic exactly:
 
 * **primary**: for each image, binary F1 between its predicted and true concept sets, as sklearn's ``f1_score``
   over the union of both sets gives it, i.e. ``2|T∩P| / (|T| + |P|)`` (an empty prediction against a non-empty
-  truth gives 0). Images whose true set is empty are left out: the mean is over the images with a non-empty truth;
+  truth gives 0). An image whose true cell is **empty is not left out**: the evaluator reads the empty cell as the
+  one concept ``""``, so the image counts in the mean with F1 1 when the run's cell is empty too (``ID,``, the form
+  :func:`write_run` and the 2026 format write) and 0 otherwise. (A 2025-style bare ``ID`` line, the id without a
+  comma, reads as no concept at all there and scores 0 on such an image; here it reads like ``ID,``. ROCOv2's
+  primary tables have no empty cell, so the case does not arise on them.)
 * **secondary**: the same on the manually validated table, with both the predicted and the true concepts first
-  filtered to an allowed set; images whose *filtered* true set is empty are left out. The 2025 evaluator
-  hard-codes 15 CUIs (:data:`MANUAL_2025`); the allowed set is a parameter here, and
-  :func:`manual_vocabulary` gives every CUI of a manual table instead (ROCOv2's manual tables also hold the
-  projection concepts C1999039 "AP" and C1996865 "PA", and C0205106, C0205129, C0037005, none of which
-  :data:`MANUAL_2025` has; its C0920367, optical coherence tomography, is in none of the ROCOv2 tables).
+  filtered to an allowed set; images whose *filtered* true set is empty are left out (an empty cell's ``""`` is
+  filtered away too). The allowed set is a named vocabulary (:func:`secondary_vocabulary`, one YAML per name under
+  ``configs/benchmark/imageclef-secondary/``): ``2024`` (:data:`MANUAL_2024`, the 2024 task's 14 modality and
+  X-ray body-region CUIs) or ``2025`` (:data:`MANUAL_2025`, the 15 CUIs the 2025/2026 evaluators hard-code: 2024's
+  plus C0920367, optical coherence tomography, which is in none of the ROCOv2 tables). :func:`manual_vocabulary`
+  gives every CUI of a manual table instead (ROCOv2's manual tables also hold the projections C1999039 "AP",
+  C1996865 "PA", C0205129 "sagittal" and C0205106, and C0037005, none of which either list has).
 
-Two notes on the evaluator's literal code. Its primary score means to leave empty-truth images out, but as
-written an empty cell loads as the one concept ``""``, so such an image would count as a 0 there; the ROCOv2
-primary tables have no empty cell, so the intent (implemented here) and the code agree on them. And when every
-image is left out the evaluator divides by zero; here the mean is NaN, with a warning saying why.
+When every image is left out (only possible for the secondary score) the evaluator divides by zero; here the mean
+is NaN, with a warning saying why.
 
 Ground truth (:func:`read_concepts`) is checked as a data contract: every CUI matches ``C`` + 7 digits
 (case-insensitive), no id appears twice, the file has at least one row, each row has exactly the two fields.
 
-:func:`write_run` writes a run in this format (no header unless asked: the format is the bare ``id,cuis`` line,
-the evaluator only tolerates a header) and reads it back with :func:`read_run`, so every file it leaves is valid.
+:func:`write_run` writes a run in the 2026 format (header ``ID,CUIs``, ids in ground-truth order, an image with no
+concept as ``ID,``), checks the file with :func:`check_submission` and reads it back with :func:`read_run` before
+it is moved into place, so every file it leaves is valid for both evaluators.
 :func:`frequency_prior` is the constant baseline: the most frequent training concepts, predicted for every image.
 """
 
@@ -70,17 +80,33 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 CUI_PATTERN = re.compile(r"C\d{7}", re.IGNORECASE)
 MAX_CONCEPTS = 100  # per image in a run file (the evaluator's max_num_concepts)
-MANUAL_2025 = frozenset(
-    {
-        "C0002978", "C0040405", "C0024485", "C0032743", "C0041618",
-        "C1306645", "C1140618", "C0037949", "C0030797", "C0023216",
-        "C0037303", "C0817096", "C0006141", "C0000726", "C0920367",
-    }
-)  # fmt: skip
-"""The 15 manually validated CUIs the 2025 evaluator's secondary score keeps (its ``allowed_concepts``)."""
+VOCABULARIES = Path(__file__).resolve().parents[3] / "configs" / "benchmark" / "imageclef-secondary"
+"""One YAML per secondary vocabulary (``source`` and ``concepts``: CUI -> name); the file's stem is its name."""
+SUBMISSION_HEADER = ("ID", "CUIs")  # the 2026 submission check's header, exactly
+SUBMISSION_CUI = re.compile(r"C\d+")  # the 2026 submission check's CUI pattern (upper-case C, any digits)
+
+
+def secondary_vocabulary(name: str) -> frozenset[str]:
+    """The named secondary vocabulary (``2024``, ``2025``) from :data:`VOCABULARIES`, as upper-case CUIs."""
+    path = VOCABULARIES / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in VOCABULARIES.glob("*.yaml"))
+        raise ValueError(f"no secondary vocabulary {name!r}: {path} does not exist (known: {', '.join(known)})")
+    concepts = OmegaConf.to_container(OmegaConf.load(path)).get("concepts") or {}
+    bad = [str(c) for c in concepts if not CUI_PATTERN.fullmatch(str(c))]
+    if not concepts or bad:
+        raise ValueError(f"{path}: 'concepts' must map CUIs (C + 7 digits) to names; bad: {bad[:5] or 'none given'}")
+    return frozenset(str(c).upper() for c in concepts)
+
+
+MANUAL_2024 = secondary_vocabulary("2024")
+"""The 14 CUIs of the 2024 task's secondary score: image modality and X-ray body region."""
+MANUAL_2025 = secondary_vocabulary("2025")
+"""The 15 manually validated CUIs the 2025 (and 2026) evaluator's secondary score keeps (its ``allowed_concepts``)."""
 
 Table = Mapping[str, Iterable[str]]
 
@@ -198,22 +224,101 @@ def read_run(path: str | Path, test_ids: Iterable[str]) -> dict[str, tuple[str, 
     return run
 
 
+# --------------------------------------------------------------------------------------------------- the 2026 check
+
+
+class SubmissionCheckError(ConceptFileError):
+    """A run file that the organisers' 2026 submission check would refuse; ``rule`` names the broken rule."""
+
+    def __init__(self, path: Path, line: int | None, rule: str, message: str):
+        self.rule = rule
+        where = f"{path}, line {line}" if line is not None else str(path)
+        super().__init__(f"{where}: submission check '{rule}' failed: {message}")
+
+
+def check_submission(path: str | Path, truth_ids: Iterable[str]) -> None:
+    """Refuse ``path`` unless it has the 2026 submission format (module docstring) against ``truth_ids``.
+
+    ``truth_ids`` are the ground-truth ids in the ground-truth file's order (:func:`read_concepts` keeps it). Raises
+    :class:`SubmissionCheckError` naming the file, the 1-based line and the rule (``encoding``, ``header``, ``blank
+    line``, ``fields``, ``whitespace``, ``duplicate id``, ``unknown id``, ``missing ids``, ``order``, ``empty CUI``,
+    ``CUI format``, ``duplicate CUI``) at the first broken one.
+    """
+    path = Path(path)
+    order = list(truth_ids)
+    known = set(order)
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise SubmissionCheckError(
+            path, 1, "encoding", "the file starts with a UTF-8 byte-order mark (save it without)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SubmissionCheckError(path, None, "encoding", f"not UTF-8 ({error})") from None
+    lines = text.splitlines()
+    blank = next((n for n, line in enumerate(lines, start=1) if not line.strip()), None)
+    if blank is not None:
+        raise SubmissionCheckError(path, blank, "blank line", "an empty line (none is allowed, trailing ones included)")
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows or tuple(rows[0]) != SUBMISSION_HEADER:
+        found = rows[0] if rows else "nothing"
+        raise SubmissionCheckError(path, 1, "header", f"expected exactly {','.join(SUBMISSION_HEADER)}, found {found}")
+    seen: dict[str, int] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != 2:
+            raise SubmissionCheckError(path, line, "fields", f"{len(row)} field(s) {row}; each row is ID,CUIs")
+        image_id, cell = row
+        if image_id != image_id.strip() or cell != cell.strip():
+            raise SubmissionCheckError(path, line, "whitespace", f"space around the ID or the CUIs in {row}")
+        if image_id in seen:
+            raise SubmissionCheckError(path, line, "duplicate id", f"{image_id!r} (first on line {seen[image_id]})")
+        if image_id not in known:
+            raise SubmissionCheckError(path, line, "unknown id", f"{image_id!r} is not a ground-truth id")
+        seen[image_id] = line
+        if cell:
+            parts = cell.split(";")
+            if any(not part for part in parts):
+                raise SubmissionCheckError(path, line, "empty CUI", f"{cell!r} has an empty entry (a stray ';')")
+            bad = [part for part in parts if not SUBMISSION_CUI.fullmatch(part)]
+            if bad:
+                raise SubmissionCheckError(path, line, "CUI format", f"{bad} (each CUI is 'C' followed by digits)")
+            repeated = sorted(part for part, n in Counter(parts).items() if n > 1)
+            if repeated:
+                raise SubmissionCheckError(path, line, "duplicate CUI", f"{repeated} given twice for {image_id!r}")
+    missing = [image_id for image_id in order if image_id not in seen]
+    if missing:
+        raise SubmissionCheckError(path, None, "missing ids", f"{len(missing)} of {len(order)} ground-truth ids "
+                                   f"have no row (e.g. {missing[:5]})")  # fmt: skip
+    for line, (image_id, expected) in enumerate(zip((row[0] for row in rows[1:]), order, strict=True), start=2):
+        if image_id != expected:
+            raise SubmissionCheckError(path, line, "order", f"{image_id!r} where the ground truth has {expected!r} "
+                                       "(ids follow the ground-truth file's order)")  # fmt: skip
+
+
+def empty_rows(run: Mapping[str, Iterable[str]]) -> list[str]:
+    """The ids predicted no concept: allowed by the 2026 format, refused by the 2026 check's code as written."""
+    return [image_id for image_id, concepts in run.items() if not tuple(concepts)]
+
+
 # --------------------------------------------------------------------------------------------------- writing
 
 
 def write_run(
-    path: str | Path, predictions: Mapping[str, Iterable[str]], test_ids: Iterable[str], *, header: bool = False
+    path: str | Path, predictions: Mapping[str, Iterable[str]], test_ids: Iterable[str], *, header: bool = True
 ) -> dict[str, tuple[str, ...]]:
     """Write ``predictions`` as a run file and return it as :func:`read_run` reads it back.
 
-    One line per test id, in ``test_ids`` order; each image's concepts are stripped, upper-cased and de-duplicated
-    keeping the first occurrence (the caller's order otherwise); an image with none is written as its id alone.
-    No header unless ``header`` (then ``ID,CUIs``). A name ending in ``.gz`` is gzip-compressed.
+    One line per test id, in ``test_ids`` order (pass the ground-truth file's order: the 2026 check requires it);
+    each image's concepts are stripped, upper-cased and de-duplicated keeping the first occurrence; an image with
+    none is written as ``ID,``. The header ``ID,CUIs`` comes first unless ``header=False`` (a bare 2025-style file,
+    which the 2026 check refuses). A name ending in ``.gz`` is gzip-compressed.
 
     Raises ``ValueError`` before anything is written when a test id has no prediction, a prediction's id is not a
     test id, ``test_ids`` repeats an id, a concept is not a CUI (``C`` + 7 digits) or an image has more than
-    :data:`MAX_CONCEPTS`. The file is written beside ``path`` under a temporary name, read back with
-    :func:`read_run` and only then moved to ``path``, so no invalid file is ever left there.
+    :data:`MAX_CONCEPTS`. The file is written beside ``path`` under a temporary name, checked with
+    :func:`check_submission` (plain files with the header), read back with :func:`read_run` and only then moved to
+    ``path``, so no invalid file is ever left there.
     """
     path = Path(path)
     ids = list(test_ids)
@@ -236,17 +341,20 @@ def write_run(
             raise ValueError(f"{image_id!r}: {bad[0]!r} is not a CUI (C + 7 digits)")
         if len(concepts) > MAX_CONCEPTS:
             raise ValueError(f"{image_id!r}: {len(concepts)} concepts; a run allows at most {MAX_CONCEPTS}")
-        lines.append([image_id, ";".join(concepts)] if concepts else [image_id])
+        lines.append([image_id, ";".join(concepts)] if concepts or header else [image_id])
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    gzipped = path.name.endswith(".gz")
     try:
-        opener = gzip.open if path.name.endswith(".gz") else open
+        opener = gzip.open if gzipped else open
         with opener(temporary, "wt", encoding="utf-8", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             if header:
-                writer.writerow(["ID", "CUIs"])
+                writer.writerow(SUBMISSION_HEADER)
             writer.writerows(lines)
+        if header and not gzipped:
+            check_submission(temporary, ids)
         written = read_run(temporary, ids)
-        expected = {line[0]: tuple(line[1].split(";")) if len(line) == 2 else () for line in lines}
+        expected = {line[0]: tuple(c for c in line[1].split(";") if c) if len(line) == 2 else () for line in lines}
         if written != expected:  # cannot happen for CUIs and a CSV writer; guards the round trip itself
             raise ConceptFileError(f"{path}: the run read back differs from the predictions written")
         os.replace(temporary, path)
@@ -258,16 +366,22 @@ def write_run(
 # --------------------------------------------------------------------------------------------------- scoring
 
 
-def image_f1(true: set[str] | frozenset[str], predicted: set[str] | frozenset[str]) -> float:
+def image_f1(
+    true: set[str] | frozenset[str], predicted: set[str] | frozenset[str], *, empty_truth: str = "skip"
+) -> float:
     """Binary F1 of one image's predicted set against its true set: ``2|T∩P| / (|T| + |P|)``.
 
     That is sklearn's ``f1_score(average="binary")`` over the union of both sets, as the evaluator computes it; an
-    empty prediction scores 0. An empty true set gives NaN: such an image is left out of the mean, not scored.
-    Compares the strings as given (normalising case is the caller's: :func:`per_image_f1` does it).
+    empty prediction scores 0. An empty true set follows ``empty_truth``: ``"skip"`` gives NaN (the image is left
+    out of the mean: the secondary score's rule), ``"cell"`` scores the evaluator's reading of an empty cell as the
+    one concept ``""`` (1 when the prediction is empty too, else 0: the primary score's rule). Compares the strings
+    as given (normalising case is the caller's: :func:`per_image_f1` does it).
     """
     true, predicted = set(true), set(predicted)
     if not true:
-        return float("nan")
+        if empty_truth not in ("skip", "cell"):
+            raise ValueError(f"empty_truth must be skip or cell, got {empty_truth!r}")
+        return float("nan") if empty_truth == "skip" else float(not predicted)
     return 2 * len(true & predicted) / (len(true) + len(predicted))
 
 
@@ -279,10 +393,11 @@ def _normalised(concepts: Iterable[str], allowed: frozenset[str] | None) -> set[
 def per_image_f1(truth: Table, run: Table, allowed: Iterable[str] | None = None) -> tuple[tuple[str, ...], np.ndarray]:
     """Each image's F1 (:func:`image_f1`) in ``truth`` order, NaN for the images left out, for bootstrapping.
 
-    ``allowed=None`` is the primary score's rule; with an allowed set (the secondary score) both the predicted and
-    the true concepts are first filtered to it, and an image whose filtered truth is empty is left out (NaN).
-    Concepts are compared stripped and upper-cased. ``run`` must have exactly the ids of ``truth`` (a run missing
-    images is rejected, as the evaluator rejects it, rather than scored as zeros).
+    ``allowed=None`` is the primary score: every image counts, an empty true cell included (it scores 1 against an
+    empty prediction and 0 otherwise, as the evaluator's ``""`` concept does). With an allowed set (the secondary
+    score) both the predicted and the true concepts are first filtered to it, and an image whose filtered truth is
+    empty is left out (NaN). Concepts are compared stripped and upper-cased. ``run`` must have exactly the ids of
+    ``truth`` (a run missing images is rejected, as the evaluator rejects it, rather than scored as zeros).
     """
     if not truth:
         raise ValueError("truth is empty: no image to score")
@@ -293,8 +408,10 @@ def per_image_f1(truth: Table, run: Table, allowed: Iterable[str] | None = None)
     if extra:
         raise ValueError(f"the run has {len(extra)} images that are not in the truth (e.g. {extra[:5]})")
     keep = None if allowed is None else frozenset(str(concept).strip().upper() for concept in allowed)
+    rule = "cell" if keep is None else "skip"
     ids = tuple(truth)
-    values = np.array([image_f1(_normalised(truth[i], keep), _normalised(run[i], keep)) for i in ids], dtype=np.float64)
+    values = np.array([image_f1(_normalised(truth[i], keep), _normalised(run[i], keep), empty_truth=rule) for i in ids],
+                      dtype=np.float64)  # fmt: skip
     return ids, values
 
 
@@ -302,15 +419,15 @@ def concept_f1(truth: Table, run: Table, allowed: Iterable[str] | None = None) -
     """The challenge score: mean per-image F1 over the images not left out (see :func:`per_image_f1`).
 
     Primary score with ``allowed=None`` on the full table; secondary score with ``allowed`` (e.g.
-    :data:`MANUAL_2025`) on the manual table. When every image is left out (no non-empty truth) the mean is
+    :data:`MANUAL_2024`) on the manual table. When every image is left out (no non-empty filtered truth) the mean is
     undefined: NaN is returned with a ``RuntimeWarning`` saying so (the evaluator would divide by zero).
     """
     _, values = per_image_f1(truth, run, allowed)
     scored = values[~np.isnan(values)]
     if scored.size == 0:
-        which = "true" if allowed is None else "allowed-filtered true"
         warnings.warn(
-            f"no image has a non-empty {which} concept set: every image is left out and the mean F1 is undefined (NaN)",
+            "no image has a non-empty allowed-filtered true concept set: every image is left out and the mean F1 is "
+            "undefined (NaN)",
             RuntimeWarning,
             stacklevel=2,
         )
