@@ -1,5 +1,6 @@
 """The grounding (NIH boxes) and progression (CheXTemporal-style pairs) protocols as plug-ins: draws, floors with
-known answers, the methods beside the majority floor, and both through the command line into MLflow."""
+known answers, every pair scored (fitted methods out-of-fold over patient-disjoint folds) beside the majority floor,
+change-worded grounding prompts, and grounding through the command line into MLflow."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from mlflow import MlflowClient
 
+import apps.benchmarks.chextemporal as chextemporal
 from apps.benchmarks import cli
-from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.chextemporal import ChexTemporalProtocol
+from apps.benchmarks.chextemporal.progression import out_of_fold
+from apps.benchmarks.framework.catalog import CONFIG_DIR, load_protocol
+from apps.benchmarks.framework.grounding import score_heatmaps
 from apps.benchmarks.framework.protocol import BadInput
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
@@ -77,33 +83,79 @@ def test_grounding_through_the_command_line_logs_metrics_and_overlays(tmp_path, 
 # --- progression -------------------------------------------------------------------------------------------------
 
 
-def test_nih_follow_ups_become_coarse_pairs_in_chexpert_names_with_patient_disjoint_splits(tmp_path):
+def test_nih_follow_ups_become_coarse_pairs_in_chexpert_names_all_scored_in_patient_disjoint_folds(tmp_path):
     write_followup_folder(tmp_path, patients=30)
     protocol = load_protocol("chextemporal")
     draw = draw_subsets(protocol, tmp_path)
     assert draw.params["source"] == "nih" and protocol.classes == ("new", "persisting", "resolved")
-    tables = {name: subset.table for name, subset in draw.subsets.items()}
-    assert set(pd.concat(tables.values())["finding"]) == {"Pleural Effusion"}  # NIH's Effusion, CheXpert's name
-    patients = [set(t["patient_id"]) for t in tables.values()]
-    assert not (patients[0] & patients[1]) and not (patients[0] & patients[2]) and not (patients[1] & patients[2])
-    everything = pd.concat(tables.values())
+    assert list(draw.subsets) == ["test"]  # nothing held out: every labelled pair is scored
+    table = draw.test.table
+    assert set(table["finding"]) == {"Pleural Effusion"}  # NIH's Effusion, CheXpert's name
     expected = {"new": 10, "persisting": 30, "resolved": 10}  # 10 patients per pattern; absent-absent is no pair
-    assert everything["progression"].value_counts().to_dict() == expected
+    assert table["progression"].value_counts().to_dict() == expected
+    assert table.groupby("patient_id")["fold"].nunique().max() == 1  # a patient's pairs share one fold
+    assert sorted(table["fold"].unique()) == list(range(5)) == list(range(draw.params["folds"]))
 
 
-def test_progression_methods_beside_the_majority_floor(tmp_path):
+def test_every_pair_is_predicted_once_by_fits_that_never_saw_its_patient(tmp_path, monkeypatch):
+    write_followup_folder(tmp_path, patients=30)
+    protocol = load_protocol("chextemporal")
+    calls = []
+
+    def recording(folds, fit_predict):
+        def recorded(train, rows):
+            calls.append((train, rows))
+            return fit_predict(train, rows)
+
+        return out_of_fold(folds, recorded)
+
+    monkeypatch.setattr(chextemporal, "out_of_fold", recording)
+    result = run(protocol, tmp_path, write_tiny_clip(tmp_path / "clip"))
+    table, scores = result.draw.test.table, result.scores
+    patients = table["patient_id"].to_numpy()
+    assert len(calls) == 3 * 5  # rule, head and majority, once per fold
+    for method in range(3):
+        tested = np.concatenate([rows for _, rows in calls[5 * method : 5 * method + 5]])
+        assert sorted(tested.tolist()) == list(range(len(table)))  # each pair in exactly one test fold
+    for train, rows in calls:
+        assert not set(patients[train]) & set(patients[rows])
+        assert set(train.tolist()) | set(rows.tolist()) == set(range(len(table)))
+    assert scores["pair_id"].tolist() == table["pair_id"].tolist() and scores["pair_id"].is_unique
+    for method in ("zero_shot", "rule", "head", "majority"):
+        assert scores[f"{method}_predicted"].notna().all() and result.params[f"scored_{method}"] == len(table)
+
+
+def test_progression_methods_beside_the_out_of_fold_majority_floor(tmp_path):
     write_followup_folder(tmp_path, patients=30)
     protocol = load_protocol("chextemporal")
     result = run(protocol, tmp_path, write_tiny_clip(tmp_path / "clip"))
     values = result.table.set_index(["protocol", "metric"])["value"]
-    test_truth = result.draw.test.table["progression"]
-    train_majority = result.draw.subsets["train"].table["progression"].value_counts().idxmax()
-    assert values[("majority", "accuracy")] == pytest.approx((test_truth == train_majority).mean())
+    table = result.draw.test.table
+    expected = []  # the majority of the other folds' labels, ties to the earlier class
+    for fold in table["fold"]:
+        counts = table.loc[table["fold"] != fold, "progression"].value_counts()
+        expected.append(
+            max(protocol.classes, key=lambda c, counts=counts: (counts.get(c, 0), -protocol.classes.index(c)))
+        )
+    assert result.scores["majority_predicted"].tolist() == expected
+    assert values[("majority", "accuracy")] == pytest.approx((table["progression"] == pd.Series(expected)).mean())
     for method in ("zero_shot", "rule", "head"):
         assert 0 <= values[(method, "accuracy")] <= 1
     assert {"confusion_head", "confusion_majority"} <= set(result.extras.tables)
     confusion = result.extras.tables["confusion_majority"].set_index("truth")
-    assert int(confusion.to_numpy().sum()) == len(test_truth)
+    assert int(confusion.to_numpy().sum()) == len(table)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"folds": 1}, "folds must be a whole number >= 2"), ({"prompt_rule": "median"}, "prompt_rule must be one of max, mean"),
+     ({"grounding_prompts": {"worse": "worse"}}, "grounding_prompts of ['worse'] need {finding} exactly once")],
+)  # fmt: skip
+def test_bad_progression_settings_are_named(change, message):
+    settings = yaml.safe_load((CONFIG_DIR / "chextemporal.yaml").read_text())
+    settings.pop("_target_")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ChexTemporalProtocol(**{**settings, **change})
 
 
 # --- the CheXTemporal release: five classes, boxes on either film ------------------------------------------------
@@ -142,9 +194,26 @@ def test_bad_release_boxes_are_named(tmp_path, change, message):
     assert "chextemporal_boxes.csv line 2" in str(error.value)
 
 
-def test_release_grounding_per_finding_and_source_beside_the_floors(tmp_path):
+def test_release_grounding_per_finding_and_source_beside_the_floors(tmp_path, monkeypatch):
     write_release_pairs(tmp_path, patients=40)
+    prompts = {}
+
+    def recording(encoder, root, paths, boxes, findings, seed, *args, **kwargs):
+        prompt = encoder.targets[encoder.column("Pleural Effusion")].positive_prompt
+        prompts.update({path: prompt for path in paths})
+        return score_heatmaps(encoder, root, paths, boxes, findings, seed, *args, **kwargs)
+
+    monkeypatch.setattr(chextemporal, "score_heatmaps", recording)
     result = run(load_protocol("chextemporal"), tmp_path, write_tiny_clip(tmp_path / "clip"))
+    # every film is grounded with its pair's change in words, both films of a pair alike
+    wording = {"new": "new pleural effusion", "worse": "pleural effusion is worse",
+               "stable": "pleural effusion is stable", "improved": "pleural effusion is improved",
+               "resolved": "pleural effusion has resolved"}  # fmt: skip
+    pairs = result.draw.test.table
+    expected = {row[column]: wording[row["progression"]] for _, row in pairs.iterrows()
+                for column in ("prior_path", "path") if row[column] in prompts}  # fmt: skip
+    assert prompts == expected and len(prompts) == 64  # 40 pairs: 8 new + 8 resolved with one film, 24 with two
+    assert result.encoder.targets[0].positive_prompt == "a chest x-ray showing atelectasis"  # the model is unchanged
     table = result.extras.tables["grounding"].set_index(["method", "metric", "group"])
     assert table.loc[("centre", "pg", "overall"), "value"] == 1.0  # every box is centred
     assert {"Pleural Effusion", "source A", "source B"} <= set(table.index.get_level_values("group"))

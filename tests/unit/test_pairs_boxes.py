@@ -16,6 +16,7 @@ from apps.benchmarks.chextemporal.pairs import (
     DataContractError,
     covid_pairs,
     nih_followup_pairs,
+    patient_folds,
     patient_split,
     read_pair_manifest,
     validate_pairs,
@@ -236,6 +237,43 @@ def test_patient_split_is_disjoint_and_deterministic():
     other = patient_split(split_table(), fractions, seed=5)
     assert (other["split"] != first["split"]).any()
     assert patient_split(split_table().iloc[:0], fractions, seed=4).empty
+
+
+def fold_table(n_patients: int = 40) -> pd.DataFrame:
+    """1 to 3 pairs per patient, a patient's pairs all of one class (new, stable, resolved in turn); the same
+    patient id in two sources is two patients."""
+    classes = ("new", "stable", "resolved")
+    rows = [{"pair_id": f"q{p}_{k}", "patient_id": f"{p // 2:04d}", "source": "ab"[p % 2],
+             "progression": classes[p % 3]} for p in range(n_patients) for k in range(1 + p % 3)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_patient_folds_partition_the_pairs_by_patient_spread_the_classes_and_ignore_row_order():
+    table = fold_table()
+    folds = patient_folds(table, 5, seed=3)
+    assert folds.shape == (len(table),) and sorted(set(folds.tolist())) == [0, 1, 2, 3, 4]  # every pair in one fold
+    keyed = table.assign(fold=folds, key=table["source"] + ":" + table["patient_id"])
+    assert (keyed.groupby("key")["fold"].nunique() == 1).all()  # a patient never in two folds
+    assert keyed["patient_id"].map(keyed.groupby("patient_id")["fold"].nunique()).max() == 2  # id in two sources
+    per_fold = pd.crosstab(keyed["fold"], keyed["progression"])
+    assert (per_fold > 0).all().all()  # every class in every fold
+    shuffled = table.sample(frac=1.0, random_state=1)
+    again = dict(zip(shuffled["pair_id"], patient_folds(shuffled, 5, seed=3), strict=True))
+    assert again == dict(zip(table["pair_id"], folds, strict=True))
+    assert (patient_folds(table, 5, seed=4) != folds).any()
+
+
+def test_patient_folds_fall_back_to_one_patient_per_fold_and_refuse_what_cannot_be_folded():
+    table = fold_table(3)  # 3 patients (one id in two sources): at most 3 folds
+    folds = patient_folds(table, 5, seed=0)
+    assert sorted(set(folds.tolist())) == [0, 1, 2]
+    assert (table.assign(fold=folds).groupby(["source", "patient_id"])["fold"].nunique() == 1).all()
+    with pytest.raises(ValueError, match="at least 2 patients, got 1"):
+        patient_folds(fold_table(1), 5, seed=0)
+    with pytest.raises(ValueError, match="at least 2 folds"):
+        patient_folds(table, 1, seed=0)
+    with pytest.raises(ValueError, match="1 pairs have no progression label"):
+        patient_folds(table.assign(progression=["", *table["progression"][1:]]), 5, seed=0)
 
 
 def box_table(**changes) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """Progression between two films (apps.benchmarks.chextemporal.progression): the prompt bank, zero-shot on the change of
-the embeddings, the classifier rule and its fitting, the trained pair head, and the metrics against sklearn."""
+the embeddings (best prompt vs averaged prompts), change-worded grounding prompts, the classifier rule and its
+fitting, the trained pair head, out-of-fold prediction, and the metrics against sklearn."""
 
 from __future__ import annotations
 
@@ -21,14 +22,18 @@ from apps.benchmarks.chextemporal.progression import (
     confusion,
     fit_progression_head,
     fit_rule,
+    grounding_prompt,
     load_prompt_bank,
     majority_floor,
+    out_of_fold,
     predict_classes,
     predict_head,
     present_grid,
     progression_metrics,
+    prompt_embeddings,
     zero_shot_from_text,
     zero_shot_progression,
+    zero_shot_scores,
 )
 from tests.conftest import PROJECT_ROOT
 
@@ -152,6 +157,48 @@ def test_clip_text_tower_as_embedder(tmp_path):
     rng = np.random.default_rng(0)
     scores = zero_shot_from_text(rng.normal(size=(4, 16)), rng.normal(size=(4, 16)), "Edema", embed)
     assert scores.shape == (4, 5) and np.isfinite(scores).all() and (np.abs(scores) <= 1 + 1e-9).all()
+
+
+def _at(degrees: float) -> list[float]:
+    return [np.cos(np.radians(degrees)), np.sin(np.radians(degrees))]
+
+
+def test_the_best_prompt_and_the_averaged_prompts_pick_different_classes_where_they_should():
+    # The pair changes along e0 (prior -e0, current +e0). Class A has one prompt exactly along the change (0 deg)
+    # and one at 120 deg; class B two prompts at +-40 deg. By hand: best prompt A = cos 0 = 1 > B = cos 40 = 0.766
+    # (A wins); averaged, A's mean unit vector is (1 + cos 120, sin 120) / 2 -> at 60 deg, cos 0.5, while B's is
+    # along e0, cos 1 (B wins).
+    vectors = {"a1": _at(0), "a2": _at(120), "b1": _at(40), "b2": _at(-40)}
+    per_class = prompt_embeddings({"A": ["a1", "a2"], "B": ["b1", "b2"]}, lambda texts: [vectors[t] for t in texts])
+    prior, current = np.array([[-1.0, 0.0]]), np.array([[1.0, 0.0]])
+    best = zero_shot_scores(prior, current, per_class, "max")
+    averaged = zero_shot_scores(prior, current, per_class, "mean")
+    assert np.allclose(best, [[1.0, np.cos(np.radians(40))]]) and predict_classes(best, ("A", "B"))[0] == "A"
+    assert np.allclose(averaged, [[0.5, 1.0]]) and predict_classes(averaged, ("A", "B"))[0] == "B"
+    # the averaged rule is the class-text path the bank always had
+    assert np.allclose(averaged, zero_shot_progression(prior, current, class_text_embeddings(
+        {"A": ["a1", "a2"], "B": ["b1", "b2"]}, lambda texts: np.array([vectors[t] for t in texts]))))  # fmt: skip
+    with pytest.raises(ValueError, match="prompt_rule must be one of max, mean"):
+        zero_shot_scores(prior, current, per_class, "median")
+
+
+def test_the_protocol_defaults_to_the_best_prompt():
+    from apps.benchmarks.framework.catalog import load_protocol
+
+    assert load_protocol("chextemporal").prompt_rule == "max"
+
+
+def test_grounding_prompts_are_worded_with_the_change():
+    from apps.benchmarks.framework.catalog import load_protocol
+
+    templates = load_protocol("chextemporal").grounding_prompts
+    assert grounding_prompt("Pleural Effusion", "worse", templates) == "pleural effusion is worse"
+    assert grounding_prompt("Consolidation", "new", templates) == "new consolidation"
+    assert grounding_prompt("Edema", "resolved", templates) == "edema has resolved"
+    with pytest.raises(KeyError, match="no grounding prompt for class 'gone'"):
+        grounding_prompt("Edema", "gone", templates)
+    with pytest.raises(ValueError, match="exactly once"):
+        grounding_prompt("Edema", "new", {"new": "new finding"})
 
 
 # ------------------------------------------------------------------------------------------------ rule
@@ -370,3 +417,24 @@ def test_majority_floor():
     assert metrics["accuracy"] == 0.5
     with pytest.raises(ValueError, match="needs training labels"):
         majority_floor([], 3)
+
+
+# ------------------------------------------------------------------------------------------------ out-of-fold
+
+
+def test_out_of_fold_predicts_every_row_once_from_the_other_folds():
+    folds = np.array([2, 0, 1, 0, 2, 1, 1])
+    calls = []
+
+    def fit_predict(train, rows):
+        calls.append((train.tolist(), rows.tolist()))
+        return np.array([f"fold {folds[r]} from {len(train)}" for r in rows])
+
+    out = out_of_fold(folds, fit_predict)
+    assert calls == [([0, 2, 4, 5, 6], [1, 3]), ([0, 1, 3, 4], [2, 5, 6]), ([1, 2, 3, 5, 6], [0, 4])]
+    assert out.tolist() == ["fold 2 from 5", "fold 0 from 5", "fold 1 from 4", "fold 0 from 5", "fold 2 from 5",
+                            "fold 1 from 4", "fold 1 from 4"]  # fmt: skip
+    with pytest.raises(ValueError, match="no rows to fit on"):
+        out_of_fold(np.zeros(3, int), fit_predict)
+    with pytest.raises(ValueError, match=r"fold 0: \(1,\) predictions for 2 rows"):
+        out_of_fold(folds, lambda train, rows: ["x"])

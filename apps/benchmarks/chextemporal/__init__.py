@@ -10,17 +10,22 @@
   - covid-temporal: consecutive films, worse / stable / improved from the change of the raters' mean severity
     score (:func:`apps.benchmarks.chextemporal.pairs.covid_pairs`; only pairs with both scores are labelled).
 
-- Splits: patient-disjoint train / validation / test (:func:`apps.benchmarks.chextemporal.pairs.patient_split`, seeded).
+- Scored items: every labelled (gold) pair, as the paper scores its zero-shot models, so the figures sit beside its
+  own. Nothing is held out: the methods that must be fitted are scored out-of-fold over patient-disjoint folds
+  (:func:`apps.benchmarks.chextemporal.pairs.patient_folds`, seeded), each pair predicted once by a fit on the
+  other patients.
 - Methods (:mod:`apps.benchmarks.chextemporal.progression`): zero-shot for image-text models (the difference of the two
-  films' embeddings against a prompt bank per class); a rule on the model's per-finding scores of the two films
-  with thresholds fitted on the validation pairs; a progression head trained on the training pairs' frozen
-  embeddings; and the majority class of the training pairs as the floor.
-- Metrics: accuracy, macro-F1, accuracy per class and per finding, with 1,000 resamples of test pairs; confusion
-  matrices as artifacts.
+  films' embeddings against a prompt bank per class, a class scoring its best prompt); a rule on the model's
+  per-finding scores of the two films with thresholds fitted on the other folds; a progression head trained on
+  the other folds' frozen embeddings; and the other folds' majority class as the floor.
+- Metrics: accuracy, macro-F1, accuracy per class and per finding, with 1,000 resamples of pairs; confusion
+  matrices as artifacts. Grounding on the release's boxes with prompts worded with the pair's change.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,25 +38,30 @@ from apps.benchmarks.chextemporal.pairs import (
     PROGRESSION,
     covid_pairs,
     nih_followup_pairs,
-    patient_split,
+    patient_folds,
+    patient_keys,
     read_pair_manifest,
 )
 from apps.benchmarks.chextemporal.progression import (
+    PLACEHOLDER,
     apply_rule,
     class_prompts,
-    class_text_embeddings,
     confusion,
     fit_progression_head,
     fit_rule,
+    grounding_prompt,
     load_prompt_bank,
     majority_floor,
+    out_of_fold,
     predict_head,
     progression_metrics,
-    zero_shot_progression,
+    prompt_embeddings,
+    prompt_scorer,
+    zero_shot_scores,
 )
 from apps.benchmarks.framework.boxes import PAIR_IMAGES, read_pair_boxes
 from apps.benchmarks.framework.encoders import Encoder, Target
-from apps.benchmarks.framework.grounding import grounding_table, overlay_figure, score_heatmaps
+from apps.benchmarks.framework.grounding import GroundedScores, grounding_table, overlay_figure, score_heatmaps
 from apps.benchmarks.framework.markdown import frame_markdown
 from apps.benchmarks.framework.protocol import (
     Box,
@@ -67,7 +77,7 @@ from apps.benchmarks.framework.protocol import (
 from training.data.label_names import CHEXPERT_OUTPUTS, CHEXTEMPORAL_FINDINGS
 
 COVID_CLASSES = ("worse", "stable", "improved")
-PAIR_TABLE = ["pair_id", "patient_id", "prior_path", "path", "finding", "progression", "source", "split"]
+PAIR_TABLE = ["pair_id", "patient_id", "prior_path", "path", "finding", "progression", "source", "fold"]
 
 
 class ChexTemporalProtocol(Protocol):
@@ -77,26 +87,38 @@ class ChexTemporalProtocol(Protocol):
         name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`.
         prompts: finding -> the prompt an image-text model scores one film with (the rule's input).
         negative_prompt: its contrast.
-        splits: split -> share of patients (train, val, test).
+        folds: patient-disjoint cross-validation folds of the fitted methods (fewer when there are fewer patients).
         release: file names of the CheXTemporal release (``manifest``: the pair table).
         nih_labels: the NIH release table (``Data_Entry_2017_v2020.csv``).
         covid: covid-temporal settings: ``score`` (opacity | geographic_extent) and ``threshold``.
         prompt_bank: the progression prompt bank (``configs/text/progression.yaml``).
+        prompt_rule: how a class's prompts become one zero-shot score: ``max`` (its best prompt) or ``mean`` (its
+            averaged prompt embedding); :data:`~apps.benchmarks.chextemporal.progression.PROMPT_RULES`.
+        grounding_prompts: class -> the template a film of such a pair is grounded with (``{finding} is worse``);
+            ``None``: the finding's own prompt from ``prompts``.
     """
 
-    methods = {"zero_shot": "Zero-shot (prompt bank)", "rule": "Rule (fit on validation)", "head": "Trained head",
-               "majority": "Majority class"}  # fmt: skip
+    methods = {"zero_shot": "Zero-shot (prompt bank)", "rule": "Rule (out-of-fold)",
+               "head": "Trained head (out-of-fold)", "majority": "Majority class (out-of-fold)"}  # fmt: skip
+    fitted = ("rule", "head", "majority")
 
     def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, Any],
-                 prompts: Mapping[str, str], negative_prompt: str, splits: Mapping[str, float],
-                 release: Mapping[str, str], nih_labels: str, covid: Mapping[str, Any], prompt_bank: str,
-                 bootstrap: str = "plain"):  # fmt: skip
+                 prompts: Mapping[str, str], negative_prompt: str, folds: int, release: Mapping[str, str],
+                 nih_labels: str, covid: Mapping[str, Any], prompt_bank: str, prompt_rule: str = "max",
+                 grounding_prompts: Mapping[str, str] | None = None, bootstrap: str = "plain"):  # fmt: skip
         super().__init__(name, description, seed, versions, bootstrap)
         if tuple(prompts) != CHEXTEMPORAL_FINDINGS:
             raise ValueError(f"benchmark {name}: prompts must list the 11 findings in order: {CHEXTEMPORAL_FINDINGS}")
+        if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+            raise ValueError(f"benchmark {name}: folds must be a whole number >= 2, got {folds!r}")
+        bad = [c for c, t in (grounding_prompts or {}).items() if str(t).count(PLACEHOLDER) != 1]
+        if bad:
+            raise ValueError(f"benchmark {name}: grounding_prompts of {bad} need {PLACEHOLDER} exactly once")
+        prompt_scorer(prompt_rule)  # refuse an unknown rule now, not after the images are encoded
         self._targets = tuple(Target(f, p, negative_prompt, outputs=CHEXPERT_OUTPUTS[f][0]) for f, p in prompts.items())
-        self.splits, self.release, self.nih_labels = dict(splits), dict(release), nih_labels
-        self.covid, self.prompt_bank = dict(covid), prompt_bank
+        self.folds, self.release, self.nih_labels = int(folds), dict(release), nih_labels
+        self.covid, self.prompt_bank, self.prompt_rule = dict(covid), prompt_bank, prompt_rule
+        self.grounding_prompts = None if grounding_prompts is None else dict(grounding_prompts)
         self.classes: tuple[str, ...] = PROGRESSION
         self.findings: tuple[str, ...] = ()
         self.source = ""
@@ -134,32 +156,40 @@ class ChexTemporalProtocol(Protocol):
                          f"{self.nih_labels} there")  # fmt: skip
 
     def draw(self, root: Path, version: str) -> Draw:
+        """One subset, ``test``: every labelled pair (the first ``versions[version]`` by pair id when capped), each
+        with its cross-validation ``fold``; its ``pool`` is every pair of the source, labelled or not."""
         table, classes, source = self.pairs(root)
-        table = table[table["progression"].fillna("").astype(str) != ""].reset_index(drop=True)
+        pool, size = len(table), self.versions[version]
+        table = table[table["progression"].fillna("").astype(str) != ""].sort_values("pair_id", ignore_index=True)
         if table.empty:
-            raise ValueError(f"no labelled pairs from the {source} source")
-        table = patient_split(table, self.splits, self.seed)
+            raise ValueError(f"no labelled pairs among the {pool} pairs of the {source} source")
+        labelled = len(table)
+        if size is not None:
+            table = table.head(int(size))
+        table["fold"] = patient_folds(table, self.folds, self.seed)
         self.classes, self.source, self.root = classes, source, root
         self.findings = tuple(f for f in CHEXTEMPORAL_FINDINGS if f in set(table["finding"]))
-        size = self.versions[version]
-        subsets, lines = {}, []
-        for split in ("train", "val", "test"):
-            part = table[table["split"] == split].sort_values("pair_id", ignore_index=True)
-            if split == "test" and size is not None:
-                part = part.head(int(size))
-            labels = part["progression"].map({c: i for i, c in enumerate(classes)}).to_numpy().reshape(-1, 1)
-            targets = Targets("multiclass", ("progression",), labels.astype(int), classes=classes,
-                              groups=part["finding"].to_numpy(dtype=str), boxes=self.pair_boxes(part))  # fmt: skip
-            subsets[split] = Subset(part[PAIR_TABLE].reset_index(drop=True), targets, images=("prior_path", "path"),
-                                    id_column="pair_id", pool=len(table))  # fmt: skip
-            counts = part["progression"].value_counts()
-            lines.append(f"{split}: {len(part)} pairs of {part['patient_id'].nunique()} patients "
-                         f"({', '.join(f'{c} {int(counts.get(c, 0))}' for c in classes)})")  # fmt: skip
-        if min(len(s) for s in subsets.values()) == 0:
-            raise ValueError(f"a split is empty ({'; '.join(lines)}): too few patients for {self.splits}")
-        params = {"source": source, "classes": ",".join(classes), "findings": ",".join(self.findings)}
-        return Draw(version, {"test": subsets["test"], "train": subsets["train"], "val": subsets["val"]}, params,
-                    [f"source: {source}; patient-disjoint splits (seed {self.seed})", *lines])  # fmt: skip
+        labels = table["progression"].map({c: i for i, c in enumerate(classes)}).to_numpy().reshape(-1, 1)
+        targets = Targets("multiclass", ("progression",), labels.astype(int), classes=classes,
+                          groups=table["finding"].to_numpy(dtype=str), boxes=self.pair_boxes(table))  # fmt: skip
+        test = Subset(table[PAIR_TABLE], targets, images=("prior_path", "path"), id_column="pair_id", pool=pool)
+        patients = np.asarray(patient_keys(table))
+        k = int(table["fold"].max()) + 1
+        lines = [f"source: {source}; {labelled} of its {pool} pairs are labelled; scored: "
+                 f"{self.counts(table, patients)}",
+                 f"fitted methods ({', '.join(self.fitted)}) out-of-fold over {k} patient-disjoint folds "
+                 f"(stratified by class, seed {self.seed})"]  # fmt: skip
+        for fold in range(k):
+            rows = table["fold"].to_numpy() == fold
+            lines.append(f"fold {fold}: {self.counts(table[rows], patients[rows])}")
+        params = {"source": source, "classes": ",".join(classes), "findings": ",".join(self.findings), "folds": k}
+        return Draw(version, {"test": test}, params, lines)
+
+    def counts(self, table: pd.DataFrame, patients: np.ndarray) -> str:
+        """``N pairs of P patients (class counts)`` for a report line."""
+        counts = table["progression"].value_counts()
+        return (f"{len(table)} pairs of {len(set(patients.tolist()))} patients "
+                f"({', '.join(f'{c} {int(counts.get(c, 0))}' for c in self.classes)})")  # fmt: skip
 
     def pair_boxes(self, part: pd.DataFrame) -> tuple[tuple[Box, ...], ...] | None:
         """Per pair, its finding's boxes on either film (``Box.image`` names the film's column), when the release
@@ -189,66 +219,99 @@ class ChexTemporalProtocol(Protocol):
         return np.stack([(findings == f).astype(np.float32) for f in self.findings], axis=1)
 
     def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
-        test, train, val = draw.test, draw.subsets["train"], draw.subsets["val"]
+        test, classes = draw.test, list(self.classes)
         self.encoder = encoder
-        classes = list(self.classes)
-        names = lambda subset: np.asarray(classes)[subset.targets.labels[:, 0]]  # noqa: E731
-        notes, methods = [], {}
-        as_prediction = lambda predicted: Prediction(  # noqa: E731
-            decisions=np.array([classes.index(c) for c in predicted]).reshape(-1, 1)
-        )
-        # the rule: the model's own per-finding scores of the two films
-        p_prior_val, p_cur_val = (self.item_scores(val, "val", c, features) for c in ("prior_path", "path"))
-        p_prior, p_cur = (self.item_scores(test, "test", c, features) for c in ("prior_path", "path"))
-        usable = np.isfinite(p_prior_val) & np.isfinite(p_cur_val)
-        if usable.any() and np.isfinite(p_prior).any():
-            rule = fit_rule(p_prior_val[usable], p_cur_val[usable], names(val)[usable], classes)
-            predicted = np.array(apply_rule(np.nan_to_num(p_prior), np.nan_to_num(p_cur), rule, classes), dtype=object)
-            floor = majority_floor(names(train), len(test), classes)
-            missing = ~(np.isfinite(p_prior) & np.isfinite(p_cur))
-            predicted[missing] = floor[missing]
-            methods["rule"] = as_prediction(predicted)
-            notes.append(f"rule: present at score >= {rule.present:.3g}, change beyond {rule.delta:.3g}, fitted on "
-                         f"{int(usable.sum())} validation pairs"
-                         + (f"; {int(missing.sum())} test pairs without a score take the majority class" if missing.any() else ""))  # fmt: skip
-        else:
-            methods["rule"] = None
-            notes.append("rule: n/a (the model has no score for these findings)")
-        # zero-shot: image-text models only
-        if encoder.embed_texts is not None:
-            bank = load_prompt_bank(self.prompt_bank)
-            prior_emb, cur_emb = features.get("test", "prior_path").embeddings, features.get("test", "path").embeddings
-            scores = np.full((len(test), len(classes)), np.nan)
-            findings = test.table["finding"].to_numpy()
-            for finding in self.findings:
-                rows = findings == finding
-                text = class_text_embeddings(class_prompts(bank, finding, classes), encoder.embed_texts)
-                scores[rows] = zero_shot_progression(prior_emb[rows], cur_emb[rows], text)
-            methods["zero_shot"] = as_prediction(np.asarray(classes)[scores.argmax(axis=1)])
-            notes.append(f"zero-shot: current minus prior image embedding against each class's prompts "
-                         f"({self.prompt_bank})")  # fmt: skip
-        else:
-            methods["zero_shot"] = None
+        truth = np.asarray(classes)[test.targets.labels[:, 0]]
+        folds = test.table["fold"].to_numpy(dtype=int)
+        notes, named = [], {}
+        named["zero_shot"] = self.zero_shot(test, encoder, features, notes)
+        named["rule"] = self.rule(test, truth, folds, features, notes)
+        named["head"] = self.head(test, truth, folds, features, notes)
+        named["majority"] = out_of_fold(folds, lambda train, rows: majority_floor(truth[train], len(rows), classes))
+        scores_table = test.table[["pair_id", "patient_id", "finding", "progression", "fold"]].copy()
+        methods, scored = {}, {}
+        for method in self.methods:
+            predicted = named[method]
+            methods[method] = None if predicted is None else Prediction(
+                decisions=np.array([classes.index(c) for c in predicted]).reshape(-1, 1))  # fmt: skip
+            scored[method] = 0 if predicted is None else len(predicted)
+            if predicted is not None:
+                scores_table[f"{method}_predicted"] = predicted
+        notes.append(f"pairs scored per method, of {len(test)}: "
+                     + ", ".join(f"{m} {n if n else 'n/a'}" for m, n in scored.items()))  # fmt: skip
+        params = {"prompt_rule": self.prompt_rule, **{f"scored_{m}": n for m, n in scored.items()},
+                  "grounding_prompts": "finding" if self.grounding_prompts is None else "progression"}  # fmt: skip
+        return Outcome(methods, scores_table, notes, params)
+
+    def zero_shot(self, test: Subset, encoder: Encoder, features: Features, notes: list[str]) -> np.ndarray | None:
+        """Every pair's zero-shot class (image-text models only): the change of its two films' embeddings against
+        the prompts of each class about its finding."""
+        if encoder.embed_texts is None:
             notes.append("zero-shot: n/a (the model has no text tower to read progression prompts)")
+            return None
+        bank = load_prompt_bank(self.prompt_bank)
+        prior, current = (features.get("test", c).embeddings for c in ("prior_path", "path"))
+        scores = np.full((len(test), len(self.classes)), np.nan)
+        findings = test.table["finding"].to_numpy()
+        for finding in self.findings:
+            rows = findings == finding
+            per_class = prompt_embeddings(class_prompts(bank, finding, self.classes), encoder.embed_texts)
+            scores[rows] = zero_shot_scores(prior[rows], current[rows], per_class, self.prompt_rule)
+        notes.append(f"zero-shot: current minus prior image embedding against each class's prompts "
+                     f"({self.prompt_bank}; prompt_rule {self.prompt_rule}: {prompt_scorer(self.prompt_rule).__name__})")  # fmt: skip
+        return np.asarray(self.classes, dtype=object)[scores.argmax(axis=1)]
 
-        # the trained head on frozen embeddings, finding as a one-hot input
-        def pair_features(subset: Subset, name: str) -> tuple[np.ndarray, np.ndarray]:
-            codes = self.finding_codes(subset)
-            return tuple(np.hstack([features.get(name, c).embeddings, codes]) for c in ("prior_path", "path"))
+    def rule(self, test: Subset, truth: np.ndarray, folds: np.ndarray, features: Features,
+             notes: list[str]) -> np.ndarray | None:  # fmt: skip
+        """Every pair's class from the model's own scores of its finding on both films, the two thresholds fitted
+        on the other folds' pairs; a pair without a score takes its training folds' majority class."""
+        classes = list(self.classes)
+        p_prior, p_cur = (self.item_scores(test, "test", c, features) for c in ("prior_path", "path"))
+        usable = np.isfinite(p_prior) & np.isfinite(p_cur)
+        if not usable.any():
+            notes.append("rule: n/a (the model has no score for these findings)")
+            return None
+        fits = []
 
-        train_prior, train_cur = pair_features(train, "train")
-        head = fit_progression_head(train_prior, train_cur, names(train), self.seed, classes=classes)
-        test_prior, test_cur = pair_features(test, "test")
-        probabilities = predict_head(head, test_prior, test_cur)  # columns in head.classes order
-        methods["head"] = as_prediction(np.asarray(head.classes)[probabilities.argmax(axis=1)])
-        notes.append(f"head: logistic regression on [prior, current, current - prior] embeddings + finding, "
-                     f"{len(train)} training pairs")  # fmt: skip
-        methods["majority"] = as_prediction(majority_floor(names(train), len(test), classes))
-        scores_table = test.table[["pair_id", "patient_id", "finding", "progression"]].copy()
-        for method, prediction in methods.items():
-            if prediction is not None:
-                scores_table[f"{method}_predicted"] = np.asarray(classes)[prediction.decisions[:, 0]]
-        return Outcome({key: methods[key] for key in self.methods}, scores_table, notes)
+        def fit_predict(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            predicted = majority_floor(truth[train], len(rows), classes).astype(object)
+            fit_rows, scored = train[usable[train]], usable[rows]
+            if len(fit_rows) and scored.any():
+                fits.append(fit_rule(p_prior[fit_rows], p_cur[fit_rows], truth[fit_rows], classes))
+                predicted[scored] = apply_rule(p_prior[rows[scored]], p_cur[rows[scored]], fits[-1], classes)
+            return predicted
+
+        predicted = out_of_fold(folds, fit_predict)
+        present, delta = [f.present for f in fits], [f.delta for f in fits]
+        notes.append(f"rule: fitted on the other folds in {len(fits)} folds: present at score >= "
+                     f"{min(present):.3g}..{max(present):.3g}, change beyond {min(delta):.3g}..{max(delta):.3g}"
+                     + (f"; {int((~usable).sum())} pairs without a score take their training folds' majority class"
+                        if (~usable).any() else ""))  # fmt: skip
+        return predicted
+
+    def head(self, test: Subset, truth: np.ndarray, folds: np.ndarray, features: Features,
+             notes: list[str]) -> np.ndarray:  # fmt: skip
+        """Every pair's class from a logistic head on both films' embeddings plus the finding, fitted on the other
+        folds; a fold whose training pairs hold one class predicts that class (no boundary can be fitted)."""
+        codes = self.finding_codes(test)
+        prior, current = (np.hstack([features.get("test", c).embeddings, codes]) for c in ("prior_path", "path"))
+        single, unconverged = [], []
+
+        def fit_predict(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            if np.unique(truth[train]).size < 2:
+                single.append(len(rows))
+                return np.full(len(rows), truth[train][0], dtype=object)
+            head = fit_progression_head(prior[train], current[train], truth[train], self.seed, classes=self.classes)
+            unconverged.extend([] if head.converged else [1])
+            return np.asarray(head.classes, dtype=object)[predict_head(head, prior[rows], current[rows]).argmax(1)]
+
+        predicted = out_of_fold(folds, fit_predict)
+        notes.append("head: logistic regression on [prior, current, current - prior] embeddings + finding, fitted "
+                     "on the other folds' pairs"
+                     + (f"; {len(single)} fold(s) had training pairs of one class and predict it ({sum(single)} "
+                        f"pairs)" if single else "")
+                     + (f"; {len(unconverged)} fit(s) did not converge" if unconverged else ""))  # fmt: skip
+        return predicted
 
     def score(self, truth: Targets, prediction: Prediction) -> dict[str, float]:
         classes = np.asarray(self.classes)
@@ -274,11 +337,11 @@ class ChexTemporalProtocol(Protocol):
         return extras
 
     def ground(self, draw: Draw, n_boot: int, extras: Extras) -> None:
-        """Grounding on the test pairs' boxes: every film of a pair that has boxes of the pair's finding is one
-        instance; pointing game and CNR of the model and the floors, overall, per finding and per source, with
-        resamples of instances."""
+        """Grounding on the pairs' boxes: every film of a pair that has boxes of the pair's finding is one
+        instance, its heatmap made for the pair's change (:meth:`grounded`); pointing game and CNR of the model and
+        the floors, overall, per finding and per source, with resamples of instances."""
         test = draw.test
-        paths, boxes, findings, sources = [], [], [], []
+        paths, boxes, findings, sources, changes = [], [], [], [], []
         for i, its_boxes in enumerate(test.targets.boxes):
             for column in ("prior_path", "path"):
                 on_film = tuple(b for b in its_boxes if b.image == column)
@@ -287,9 +350,10 @@ class ChexTemporalProtocol(Protocol):
                     boxes.append(on_film)
                     findings.append(test.table["finding"].iloc[i])
                     sources.append(str(test.table["source"].iloc[i]))
+                    changes.append(str(test.table["progression"].iloc[i]))
         if not paths:
             return
-        grounded = score_heatmaps(self.encoder, self.root, paths, boxes, self.findings, self.seed)
+        grounded = self.grounded(paths, boxes, np.asarray(changes))
         groups = {"overall": np.ones(len(paths), bool)}
         groups.update({f: np.asarray(findings) == f for f in dict.fromkeys(findings)})
         groups.update({f"source {s}": np.asarray(sources) == s for s in dict.fromkeys(sources)})
@@ -304,3 +368,48 @@ class ChexTemporalProtocol(Protocol):
                 images, maps, its_boxes, titles = zip(*shown, strict=True)
                 extras.figures[f"overlays_{finding.lower().replace(' ', '_')}"] = overlay_figure(
                     images, maps, its_boxes, [f"{finding}: {t}" for t in titles])  # fmt: skip
+
+    def worded(self, encoder: Encoder, change: str) -> Encoder:
+        """A view of ``encoder`` whose findings' prompts are worded with ``change`` (``pleural effusion is
+        worse``); the model itself is shared. Only prompt-reading heatmaps (image-text models) see the wording."""
+        view = copy.copy(encoder)
+        view.targets = tuple(dataclasses.replace(t, positive_prompt=grounding_prompt(t.label, change, self.grounding_prompts))
+                             for t in encoder.targets)  # fmt: skip
+        return view
+
+    def grounded(self, paths: list[str], boxes: list[tuple[Box, ...]], changes: np.ndarray) -> GroundedScores:
+        """:func:`score_heatmaps` on the films of each change class with that class's grounding prompts (one pass
+        with the findings' own prompts when ``grounding_prompts`` is ``None``), put back in film order.
+
+        Every pass seeds its random floor alike: a noise map is drawn without looking at a film, so reusing one
+        on a film of another class leaves each film's floor score a fair draw, and the report states one seed.
+        """
+        if self.grounding_prompts is None:
+            passes = [(None, np.arange(len(paths)))]
+        else:
+            passes = [(c, np.flatnonzero(changes == c)) for c in self.classes if (changes == c).any()]
+        methods: dict[str, np.ndarray | None] = {}
+        flat, examples, per_pass = 0, {}, []
+        for change, rows in passes:
+            encoder = self.encoder if change is None else self.worded(self.encoder, change)
+            part = score_heatmaps(encoder, self.root, [paths[i] for i in rows], [boxes[i] for i in rows],
+                                  self.findings, self.seed)  # fmt: skip
+            for method, values in part.methods.items():  # every pass has the same model: maps in all or none
+                if values is None:
+                    methods[method] = None
+                elif methods.get(method, ...) is not None:
+                    methods.setdefault(method, np.full((len(paths), *values.shape[1:]), np.nan))[rows] = values
+            flat += part.flat
+            for finding, shown in part.examples.items():
+                examples.setdefault(finding, []).extend(shown[: max(0, 3 - len(examples.get(finding, [])))])
+            per_pass.append((change, part.notes))
+        shared = [n for n in per_pass[0][1] if all(n in its for _, its in per_pass)]
+        notes = shared + [f"{change} pairs: {n}" for change, its in per_pass for n in its if n not in shared]
+        if self.grounding_prompts is None:
+            notes.append("grounding prompts: the finding's own prompt (`prompts`)")
+        else:
+            shown = "; ".join(f"{c}: '{grounding_prompt(self.findings[0], c, self.grounding_prompts)}'"
+                              for c, _ in passes)  # fmt: skip
+            notes.append(f"grounding prompts worded with the pair's change (`grounding_prompts`; {shown}); a "
+                         "classifier's Grad-CAM reads no text and is the same for every change")  # fmt: skip
+        return GroundedScores(methods, flat, examples, notes)

@@ -21,11 +21,13 @@ Ids (pairs, patients) are text throughout: a patient ``0042`` or ``313a`` must n
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.model_selection import StratifiedGroupKFold
 
 from apps.benchmarks.framework.tables import (
     DataContractError,
@@ -377,7 +379,40 @@ def patient_split(pairs: pd.DataFrame, fractions: Mapping[str, float], seed: int
     if out.empty:
         out["split"] = pd.Series(dtype=object)
         return out
-    sources = as_text(out["source"]) if "source" in out.columns else pd.Series("", index=out.index, dtype=object)
-    keys = [f"{s}:{p}" if s else p for s, p in zip(sources, as_text(out["patient_id"]), strict=True)]
-    out["split"] = splits.patient_split(keys, dict(fractions), seed)
+    out["split"] = splits.patient_split(patient_keys(out), dict(fractions), seed)
     return out
+
+
+def patient_keys(pairs: pd.DataFrame) -> list[str]:
+    """Per pair, who the patient is: ``<source>:<patient_id>`` when a ``source`` is filled (the same id in two
+    releases is two people), else the id."""
+    sources = as_text(pairs["source"]) if "source" in pairs.columns else pd.Series("", index=pairs.index, dtype=object)
+    return [f"{s}:{p}" if s else p for s, p in zip(sources, as_text(pairs["patient_id"]), strict=True)]
+
+
+def patient_folds(pairs: pd.DataFrame, n_folds: int, seed: int) -> np.ndarray:
+    """``(N,)`` cross-validation fold ``0 .. K-1`` of each labelled pair: every pair of a patient in one fold, and
+    the progression classes spread over the folds as evenly as whole patients allow.
+
+    sklearn's ``StratifiedGroupKFold`` (shuffled with ``seed``) on the pairs in ``pair_id`` order, so the folds do
+    not depend on the table's row order. ``K`` is ``n_folds``, or the number of patients when there are fewer
+    (leave-one-patient-out); folds the assignment leaves empty are dropped and the rest renumbered. Stratified,
+    because a fold without a class would leave its fit unable to predict that class for reasons of chance alone.
+    """
+    if n_folds < 2:
+        raise ValueError(f"cross-validation needs at least 2 folds, got {n_folds}")
+    labels = as_text(pairs["progression"])
+    if (labels == "").any():
+        raise ValueError(f"{int((labels == '').sum())} pairs have no progression label; folds are for labelled pairs")
+    keys = np.asarray(patient_keys(pairs))
+    patients = len(set(keys.tolist()))
+    if patients < 2:
+        raise ValueError(f"cross-validation needs pairs of at least 2 patients, got {patients}")
+    order = np.argsort(as_text(pairs["pair_id"]).to_numpy(), kind="stable")
+    folds = np.empty(len(pairs), dtype=int)
+    splitter = StratifiedGroupKFold(n_splits=min(int(n_folds), patients), shuffle=True, random_state=seed)
+    with warnings.catch_warnings():  # "the least populated class has only n members": the folds still partition
+        warnings.filterwarnings("ignore", message="The least populated class", category=UserWarning)
+        for fold, (_, test) in enumerate(splitter.split(order, labels.to_numpy()[order], keys[order])):
+            folds[order[test]] = fold
+    return np.unique(folds, return_inverse=True)[1]

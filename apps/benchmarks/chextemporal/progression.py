@@ -5,11 +5,15 @@ Every model a benchmark can load was built to read one image, so none of them ha
 therefore judged from what each model already gives per image, in three ways that need progressively more:
 
 * **zero-shot** (image-text models, nothing fitted): the change between the two films' embeddings is compared
-  with text describing each kind of change (``configs/text/progression.yaml``);
+  with text describing each kind of change (``configs/text/progression.yaml``); a class scores its best-matching
+  prompt (:data:`PROMPT_RULES`);
 * **rule** (classifiers, two numbers fitted): the finding's probability on each film, turned into a class by a
   presence threshold and a change margin chosen on validation pairs;
 * **head** (any model with embeddings): a multinomial logistic regression on both films' embeddings, the pair
   counterpart of the single-image linear probe (:mod:`apps.benchmarks.framework.probe`).
+
+The fitted methods are scored out-of-fold (:func:`out_of_fold`): every pair is predicted once, by a fit that
+never saw its patient, so they are scored on the same whole set of pairs as zero-shot.
 
 Sources label at different granularity: the full five classes, NIH follow-ups only ``new / persisting /
 resolved``, a COVID severity set only ``worse / stable / improved``. Every function takes the source's class set,
@@ -131,29 +135,76 @@ def class_text_embeddings(
     Each prompt is normalised before averaging so that no phrasing outweighs the others by the length of its
     vector, and the mean is re-normalised so that every class is compared by direction alone.
     """
+    return np.stack([_unit(group.mean(axis=0)) for group in prompt_embeddings(prompts, embed_texts)])
+
+
+def pair_change(prior_emb: np.ndarray, current_emb: np.ndarray) -> np.ndarray:
+    """``(N, D)`` unit direction of each pair's change ``unit(current) - unit(prior)`` (0 for identical films).
+
+    A single-image model has no pair encoder, so the pair is represented by the difference of its two image
+    embeddings. With unit image vectors, ``(c - p) . t = c . t - p . t``: how much more the current film matches
+    a text than the prior film did, so the shared direction of the two films (the patient, the projection, the
+    finding's presence on both) cancels and what is left is the change. Scaling to unit length makes its dot
+    product with a unit text a cosine, comparable across pairs that changed a lot or a little.
+    """
+    prior, current = np.asarray(prior_emb), np.asarray(current_emb)
+    if prior.shape != current.shape or prior.ndim != 2:
+        raise ValueError(f"prior {prior.shape} and current {current.shape} embeddings must both be (N, D)")
+    return _unit(_unit(current) - _unit(prior))
+
+
+def zero_shot_progression(prior_emb: np.ndarray, current_emb: np.ndarray, class_text: np.ndarray) -> np.ndarray:
+    """``(N, C)`` cosine of each pair's change (:func:`pair_change`) with one text embedding per class. Two
+    identical embeddings have no direction and score 0 for every class."""
+    return pair_change(prior_emb, current_emb) @ _unit(class_text).T  # (N, C)
+
+
+def prompt_embeddings(
+    prompts: Mapping[str, Sequence[str]], embed_texts: Callable[[list[str]], np.ndarray]
+) -> list[np.ndarray]:
+    """Per class (in the mapping's order) the ``(M_c, D)`` unit embeddings of its prompts, from one batched
+    ``embed_texts`` call."""
     texts = [t for group in prompts.values() for t in group]
     encoded = _unit(np.asarray(embed_texts(texts), dtype=np.float64))  # (M, D)
     if encoded.ndim != 2 or len(encoded) != len(texts):
         raise ValueError(f"embed_texts returned {encoded.shape} for {len(texts)} texts; expected (M, D)")
     bounds = np.cumsum([0, *(len(group) for group in prompts.values())])
-    return np.stack([_unit(encoded[a:b].mean(axis=0)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    return [encoded[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def zero_shot_progression(prior_emb: np.ndarray, current_emb: np.ndarray, class_text: np.ndarray) -> np.ndarray:
-    """``(N, C)`` cosine of each pair's change ``unit(current) - unit(prior)`` with each class's text embedding.
+def best_prompt_scores(change: np.ndarray, per_class: Sequence[np.ndarray]) -> np.ndarray:
+    """``(N, C)``: each class's highest cosine over its own prompts, so the argmax is the class of the single
+    prompt the change matches best (CheXTemporal's prompt selection)."""
+    return np.stack([(change @ prompts.T).max(axis=1) for prompts in per_class], axis=1)
 
-    A single-image model has no pair encoder, so the pair is represented by the difference of its two image
-    embeddings. With unit image vectors, ``(c - p) . t = c . t - p . t``: how much more the current film matches
-    the class text than the prior film did, so the shared direction of the two films (the patient, the
-    projection, the finding's presence on both) cancels and what is left is the change. Dividing by ``|c - p|``
-    makes it a cosine, comparable across pairs that changed a lot or a little. Two identical embeddings have no
-    direction and score 0 for every class.
-    """
-    prior, current = np.asarray(prior_emb), np.asarray(current_emb)
-    if prior.shape != current.shape or prior.ndim != 2:
-        raise ValueError(f"prior {prior.shape} and current {current.shape} embeddings must both be (N, D)")
-    change = _unit(_unit(current) - _unit(prior))  # (N, D)
-    return change @ _unit(class_text).T  # (N, C)
+
+def mean_prompt_scores(change: np.ndarray, per_class: Sequence[np.ndarray]) -> np.ndarray:
+    """``(N, C)``: cosine with each class's averaged, re-normalised prompt embedding (a prompt ensemble, as the
+    description bank does), which smooths over one odd phrasing but lets the other prompts outvote the best one."""
+    return change @ np.stack([_unit(prompts.mean(axis=0)) for prompts in per_class]).T
+
+
+PROMPT_RULES: dict[str, Callable[[np.ndarray, Sequence[np.ndarray]], np.ndarray]] = {
+    "max": best_prompt_scores,
+    "mean": mean_prompt_scores,
+}
+"""How a class's several prompts become one score (``prompt_rule`` of ``configs/benchmark/chextemporal.yaml``):
+``max``, the paper's choice and the default, or ``mean`` of the prompt embeddings."""
+
+
+def prompt_scorer(name: str) -> Callable[[np.ndarray, Sequence[np.ndarray]], np.ndarray]:
+    """The :data:`PROMPT_RULES` entry ``name``; an unknown name is refused with the known ones."""
+    if name not in PROMPT_RULES:
+        raise ValueError(f"prompt_rule must be one of {', '.join(PROMPT_RULES)}, got {name!r}")
+    return PROMPT_RULES[name]
+
+
+def zero_shot_scores(
+    prior_emb: np.ndarray, current_emb: np.ndarray, per_class: Sequence[np.ndarray], rule: str = "max"
+) -> np.ndarray:
+    """``(N, C)`` zero-shot scores of each pair against each class's prompt embeddings
+    (:func:`prompt_embeddings`), combined by the :data:`PROMPT_RULES` entry ``rule``."""
+    return prompt_scorer(rule)(pair_change(prior_emb, current_emb), per_class)
 
 
 def zero_shot_from_text(
@@ -163,12 +214,29 @@ def zero_shot_from_text(
     embed_texts: Callable[[list[str]], np.ndarray],
     classes: Sequence[str] = PROGRESSION_CLASSES,
     bank: Mapping[str, Sequence[str]] | None = None,
+    rule: str = "max",
 ) -> np.ndarray:
     """``(N, C)`` zero-shot scores for ``finding`` with the model's own text tower (``embed_texts``: texts ->
     ``(M, D)``, e.g. :func:`clip_text_embedder`), columns in ``classes`` order; argmax is the prediction."""
     bank = load_prompt_bank() if bank is None else bank
-    class_text = class_text_embeddings(class_prompts(bank, finding, classes), embed_texts)
-    return zero_shot_progression(prior_emb, current_emb, class_text)
+    per_class = prompt_embeddings(class_prompts(bank, finding, classes), embed_texts)
+    return zero_shot_scores(prior_emb, current_emb, per_class, rule)
+
+
+def grounding_prompt(finding: str, progression: str, templates: Mapping[str, str]) -> str:
+    """The sentence a film of a ``progression`` pair is grounded with: the class's template with ``finding`` in
+    lower case (``{finding} is worse`` -> ``pleural effusion is worse``).
+
+    Worded with the change, as CheXTemporal's grounding prompts are, because the boxes mark the finding as it
+    changed (a new consolidation, a shrinking effusion), not any instance of it.
+    """
+    if progression not in templates:
+        raise KeyError(f"no grounding prompt for class {progression!r}; add it under `grounding_prompts:` "
+                       f"(known: {', '.join(templates)})")  # fmt: skip
+    template = str(templates[progression])
+    if template.count(PLACEHOLDER) != 1:
+        raise ValueError(f"grounding prompt {template!r} of class {progression!r} needs {PLACEHOLDER} exactly once")
+    return template.replace(PLACEHOLDER, finding.lower())
 
 
 def clip_text_embedder(encoder: ClipEncoder) -> Callable[[list[str]], np.ndarray]:
@@ -475,3 +543,29 @@ def majority_floor(train_labels: Sequence[str], n: int, classes: Sequence[str] |
     train_labels = _check_labels(train_labels, classes, "train_labels")
     counts = [(train_labels == c).sum() for c in classes]
     return np.full(n, classes[int(np.argmax(counts))])
+
+
+# ------------------------------------------------------------------------------------------------ out-of-fold
+
+
+def out_of_fold(folds: np.ndarray, fit_predict: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """``(N,)`` one prediction per row, each made by ``fit_predict(train_rows, test_rows)`` for the fold that holds
+    the row, fitted on the rows of every other fold.
+
+    Why cross-validation rather than one train/test split: a method that must be fitted is then scored on the
+    same whole set of pairs as a zero-shot method, each pair exactly once and never by a fit that saw its patient
+    (when the folds are patient-disjoint, :func:`apps.benchmarks.chextemporal.pairs.patient_folds`).
+    """
+    folds = np.asarray(folds)
+    if folds.ndim != 1 or not len(folds):
+        raise ValueError(f"folds must be a non-empty (N,) array, got shape {folds.shape}")
+    out = np.empty(len(folds), dtype=object)
+    for fold in np.unique(folds):
+        test, train = np.flatnonzero(folds == fold), np.flatnonzero(folds != fold)
+        if not len(train):
+            raise ValueError("a single fold leaves no rows to fit on")
+        predicted = np.asarray(fit_predict(train, test), dtype=object)
+        if predicted.shape != (len(test),):
+            raise ValueError(f"fold {fold}: {predicted.shape} predictions for {len(test)} rows")
+        out[test] = predicted
+    return out
