@@ -76,11 +76,14 @@ def test_clip_model_both_versions_logged_with_table_scores_and_fingerprints(tmp_
                 assert low <= value <= high
         artifacts = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / f"dl-{version}")))
         table = pd.read_csv(artifacts / "table.csv")
-        assert len(table) == 10 and set(table["protocol"]) == {"zero_shot", "probe"}
+        assert len(table) == 20 and set(table["protocol"]) == set(PROTOCOL.methods)
+        assert not any(key.startswith("zero_shot_run_threshold/") for key in metrics)  # a CLIP has no run threshold
+        assert metrics["always_pneumonia/accuracy"] == pytest.approx(75 / 120 if version == "full" else 63 / 100)
         probe_auc = table.set_index(["protocol", "metric"]).loc[("probe", "auroc"), "value"]
         assert probe_auc == pytest.approx(metrics["probe/auroc"])
         scores = pd.read_csv(artifacts / "scores.csv")
-        assert len(scores) == n_test and set(scores["image_id"]) == set(subsets.test.ids)
+        assert len(scores) == n_test and set(scores["item_id"]) == set(subsets.test.ids)
+        assert scores["item_id"].str.fullmatch(r"pneumonia-test-[\w-]+").all()
         assert (scores["label"] == scores["path"].str.contains("/PNEUMONIA/").astype(int)).all()
         assert ((scores["zero_shot_score"] > 0) == scores["zero_shot_pneumonia"].astype(bool)).all()
         assert "| Linear probe |" in (artifacts / "table.md").read_text()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.metrics import accuracy_score, recall_score, roc_auc_score
 
 from apps.benchmarks.framework.catalog import load_protocol
-from apps.benchmarks.framework.report import format_table
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+from apps.benchmarks.framework.sampling import largest_remainder_quotas
 from apps.benchmarks.pneumonia import pools
 from tests.benchmark_data import write_tiny_clip
 from tests.conftest import shared_data
@@ -38,15 +40,40 @@ def test_protocol_draws_on_kermany_dev():
     # train on the same 500 images (on the official release they would not).
     assert full.params["excluded_train_images"] == n100.params["excluded_train_images"] == 0
     assert full.params["train_shared_full_n100"] == n100.params["train_shared_full_n100"] == 500
-    assert full.params["train_fingerprint_n100"] == n100.params["train_fingerprint_full"] == "0a3c95c494f4c448"
+    assert full.params["train_fingerprint_n100"] == n100.params["train_fingerprint_full"] == "867f1693ad5cfbff"
     assert "500 of 500 training images shared between full and n100" in n100.description
     assert {name: subset.pool for name, subset in full.subsets.items()} == {"train": 4592, "test": 624}
     assert full.subsets["train"].table["label"].value_counts().to_dict() == {1: 379, 0: 121}
     assert n100.test.table["label"].value_counts().to_dict() == {1: 63, 0: 37}
     assert len(full.test) == 624
-    # The subsets are part of the protocol: these values change only if the draw (or the data) changes.
-    assert full.fingerprints == {"train": "0a3c95c494f4c448", "test": "7893715fab22515f"}
-    assert n100.fingerprints == {"train": "0a3c95c494f4c448", "test": "f422f425e5db0f87"}
+    # The subsets are part of the protocol (docs/benchmarks.md quotes these fingerprints): they change only if
+    # the draw (or the data) changes.
+    assert full.fingerprints == {"train": "867f1693ad5cfbff", "test": "9e931b14ab8f38c5"}
+    assert n100.fingerprints == {"train": "867f1693ad5cfbff", "test": "7a4e7f5c2b828314"}
+
+
+def by_hand(labels: pd.DataFrame, split: str, size: int) -> set[str]:
+    """The documented draw from the data set's own table: per label, the quota's lowest
+    ``sha256("<seed>:pneumonia-<folder>-<file stem>")`` among the ``split`` rows."""
+    rows = labels[labels["dev_split"] == split]
+    folder = rows["image"].str.split("/").str[0].iloc[0]
+    ids = {label: [f"pneumonia-{folder}-{Path(image).stem}" for image in part["image"]]
+           for label, part in rows.groupby("pneumonia")}  # fmt: skip
+    quotas = largest_remainder_quotas({label: len(items) for label, items in ids.items()}, size)
+
+    def rank(item: str) -> str:
+        return hashlib.sha256(f"{PROTOCOL.seed}:{item}".encode()).hexdigest()
+
+    return {item for label, items in ids.items() for item in sorted(items, key=rank)[: quotas[label]]}
+
+
+def test_the_draws_are_the_cards_ids_ranked_by_hand_from_labels_csv():
+    root = shared_data("kermany-dev")
+    labels = pd.read_csv(root / "labels.csv")
+    n100 = draw_subsets(PROTOCOL, root, "n100")
+    assert set(n100.test.ids) == by_hand(labels, "dev_test", 100)
+    assert set(n100.subsets["train"].ids) == by_hand(labels, "dev_train", 500)
+    assert set(draw_subsets(PROTOCOL, root, "full").test.ids) == by_hand(labels, "dev_test", 624)
 
 
 def test_tiny_random_clip_runs_the_protocol_on_real_images(tmp_path):
@@ -59,25 +86,22 @@ def test_tiny_random_clip_runs_the_protocol_on_real_images(tmp_path):
     assert np.isfinite(values.to_numpy()).all() and ((values >= 0) & (values <= 1)).all()
 
 
-BEFORE_PLUGINS_N100 = """\
-| metric (95% CI) | Zero-shot | Linear probe |
-|---|---|---|
-| ROC-AUC | 0.453 [0.346, 0.565] | 0.858 [0.776, 0.943] |
-| Accuracy | 0.370 [0.370, 0.370] | 0.790 [0.720, 0.860] |
-| Sensitivity | 0.000 [0.000, 0.000] | 0.937 [0.873, 0.984] |
-| Specificity | 1.000 [1.000, 1.000] | 0.541 [0.378, 0.703] |
-| Average precision | 0.655 [0.582, 0.747] | 0.865 [0.786, 0.967] |"""
-"""``make benchmark NAME=pneumonia VERSION=n100`` with the tiny random CLIP, as printed before protocols became
-plug-ins (the single-protocol CLI of commit 4318859)."""
-
-
-def test_the_plug_in_reproduces_the_single_protocol_benchmark(tmp_path):
+def test_the_cards_decision_rule_on_real_images(tmp_path):
+    """The tiny random CLIP on the n100 draw: the card's calls (a margin above 0, the probe's probability above
+    0.5) scored as scikit-learn scores them from the logged per-image values; the floor is the draw's prevalence."""
     root = shared_data("kermany-dev")
     draw = draw_subsets(PROTOCOL, root, "n100")
     encoder = load_model(PROTOCOL, write_tiny_clip(tmp_path / "tiny"), "sqlite:///unused.db")
-    result = run_benchmark(PROTOCOL, draw, encoder, root, n_boot=1000, cache_dir=None)
-    assert format_table(result.table, PROTOCOL.methods, PROTOCOL.metrics) == BEFORE_PLUGINS_N100
-    metrics = result.metrics()
-    assert metrics["probe/auroc"] == pytest.approx(0.8575718575718576, abs=1e-9)
-    assert metrics["zero_shot/ap"] == pytest.approx(0.6545168195243941, abs=1e-9)
-    assert metrics["probe/auroc_ci_low"] == pytest.approx(0.7764800514800515, abs=1e-9)
+    result = run_benchmark(PROTOCOL, draw, encoder, root, n_boot=0, cache_dir=None)
+    got, scores = result.table.set_index(["protocol", "metric"])["value"], result.scores
+    labels = scores["label"].to_numpy()
+    for method, calls in (("zero_shot", scores["zero_shot_score"] > 0), ("probe", scores["probe_probability"] > 0.5)):
+        assert np.array_equal(scores[f"{method}_pneumonia"], calls.astype(int))
+        assert got[method, "accuracy"] == pytest.approx(accuracy_score(labels, calls), abs=1e-12)
+        assert got[method, "sensitivity"] == pytest.approx(recall_score(labels, calls), abs=1e-12)
+        assert got[method, "specificity"] == pytest.approx(recall_score(labels, calls, pos_label=0), abs=1e-12)
+    assert got["zero_shot", "auroc"] == pytest.approx(roc_auc_score(labels, scores["zero_shot_score"]), abs=1e-12)
+    assert (
+        got["always_pneumonia", "accuracy"] == pytest.approx(63 / 100) and got["always_pneumonia", "specificity"] == 0
+    )
+    assert got.loc["zero_shot_run_threshold"].isna().all()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 from sklearn.metrics import accuracy_score, average_precision_score, recall_score, roc_auc_score
 
 from apps.benchmarks.framework import platform_models
@@ -22,7 +25,7 @@ from apps.benchmarks.framework.metrics import binary_metrics, bootstrap_table, s
 from apps.benchmarks.framework.models import MODEL_KINDS, load_encoder, model_kind
 from apps.benchmarks.framework.platform_models import PlatformRunEncoder, combine, map_outputs, missing_outputs_note
 from apps.benchmarks.framework.probe import fit_probe, probe_probabilities
-from apps.benchmarks.framework.protocol import BadInput, Prediction, Targets
+from apps.benchmarks.framework.protocol import BadInput, Features, Prediction, Targets
 from apps.benchmarks.framework.report import format_table
 from apps.benchmarks.framework.runner import bootstrap_scores, draw_subsets, run_benchmark
 from apps.benchmarks.framework.sampling import (
@@ -32,7 +35,16 @@ from apps.benchmarks.framework.sampling import (
     largest_remainder_quotas,
     stratified_draw,
 )
-from apps.benchmarks.pneumonia import PneumoniaProtocol, card_metrics, exclude_shared_patients
+from apps.benchmarks.pneumonia import (
+    OVERLAP_CAVEAT,
+    PneumoniaProtocol,
+    card_decisions,
+    card_metrics,
+    exclude_shared_patients,
+    item_id,
+    overlap_notes,
+    pools,
+)
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from training.data.adapters.kermany import patient_key
 from training.data.transforms import GRAY_MEAN, GRAY_STD
@@ -52,7 +64,8 @@ def test_the_yaml_builds_the_protocol_with_its_fixed_settings():
     assert (TARGET.label, TARGET.positive_prompt, TARGET.negative_prompt) == (
         "Pneumonia", "a chest x-ray showing pneumonia", "a normal chest x-ray"
     )  # fmt: skip
-    assert list(PROTOCOL.methods) == ["zero_shot", "probe"]
+    assert list(PROTOCOL.methods) == ["zero_shot", "probe", "always_pneumonia", "zero_shot_run_threshold"]
+    assert "not the card's rule" in PROTOCOL.methods["zero_shot_run_threshold"]
     assert list(PROTOCOL.metrics) == ["auroc", "accuracy", "sensitivity", "specificity", "ap"]
 
 
@@ -189,8 +202,8 @@ def test_subsets_of_a_release_folder(tmp_path):
     assert full.fingerprints["train"] == n100.fingerprints["train"]  # the same exclusions, the same training draw
     assert full.fingerprints["test"] != n100.fingerprints["test"]
     assert draw_subsets(PROTOCOL, tmp_path, "n100").fingerprints == n100.fingerprints
-    assert full.fingerprints["test"] == fingerprint(full.test.table["image_id"], full.test.table["label"])
-    assert list(full.test.table.columns) == ["image_id", "path", "patient_id", "label"]
+    assert full.fingerprints["test"] == fingerprint(full.test.table["item_id"], full.test.table["label"])
+    assert list(full.test.table.columns) == ["item_id", "path", "patient_id", "label"]
     with pytest.raises(BadInput, match="unknown version 'n50' of benchmark pneumonia; choose one of full, n100"):
         draw_subsets(PROTOCOL, tmp_path, "n50")
     with pytest.raises(BadInput, match="data root .*missing is not a folder"):
@@ -201,11 +214,11 @@ def test_subsets_of_a_release_folder(tmp_path):
 
 def expected_training_ids(root, test_patients: set[str], size: int = 500) -> set[str]:
     """The documented training draw, recomputed from the files on disk: drop the train-folder films of
-    ``test_patients``, then per label the quota's lowest ``sha256("<seed>:<image id>")`` ranks."""
+    ``test_patients``, then per label the quota's lowest ``sha256("<seed>:pneumonia-train-<file stem>")`` ranks."""
     kept = {0: [], 1: []}
     for path in sorted((root / "train").rglob("*.jpeg")):
         if patient_key(path.name) not in test_patients:
-            kept[int(path.parent.name == "PNEUMONIA")].append(f"train/{path.parent.name}/{path.stem}")
+            kept[int(path.parent.name == "PNEUMONIA")].append(f"pneumonia-train-{path.stem}")
     quotas = largest_remainder_quotas({label: len(ids) for label, ids in kept.items()}, size)
     return {item for label, ids in kept.items() for item in hash_order(ids, SEED)[: quotas[label]]}
 
@@ -216,10 +229,11 @@ def test_each_version_excludes_only_the_patients_of_its_own_test_images(tmp_path
     shared = write_kermany(tmp_path, train=(140, 380), test=(45, 75), shared=30, shared_films=3)
     full, n100 = draw_subsets(PROTOCOL, tmp_path), draw_subsets(PROTOCOL, tmp_path, "n100")
     all_test_patients = {patient_key(path.name) for path in (tmp_path / "test").rglob("*.jpeg")}
-    n100_patients = {patient_key(item.rsplit("/", 1)[1] + ".jpeg") for item in n100.test.ids}
+    n100_patients = {patient_key(item.removeprefix("pneumonia-test-") + ".jpeg") for item in n100.test.ids}
     undrawn = set(shared["shared_patients"]) - n100_patients
-    assert len(undrawn) == 6  # 20 of the 120 test images are not drawn; 6 of them have training films
-    assert full.params["excluded_train_images"] == 180 and n100.params["excluded_train_images"] == 180 - 3 * 6
+    k = len(undrawn)  # 20 of the 120 test images are not drawn; k of them have training films (3 each)
+    assert 0 < k <= 20
+    assert full.params["excluded_train_images"] == 180 and n100.params["excluded_train_images"] == 180 - 3 * k
     expected_full = expected_training_ids(tmp_path, all_test_patients)
     expected_n100 = expected_training_ids(tmp_path, n100_patients)
     assert set(full.subsets["train"].ids) == expected_full and set(n100.subsets["train"].ids) == expected_n100
@@ -228,22 +242,27 @@ def test_each_version_excludes_only_the_patients_of_its_own_test_images(tmp_path
     assert not set(n100.subsets["train"].table["patient_id"]) & n100_patients
     assert set(n100.subsets["train"].table["patient_id"]) & undrawn
     overlap = len(expected_full & expected_n100)
-    assert overlap == 483 and full.fingerprints["train"] != n100.fingerprints["train"]
+    assert overlap < 500 and full.fingerprints["train"] != n100.fingerprints["train"]
+    counts = {name: draw.subsets["train"].table["label"].value_counts().to_dict() for name, draw in
+              (("full", full), ("n100", n100))}  # fmt: skip
+    assert counts["full"] == {0: 135, 1: 365}  # quotas of 140 / 380 for 500 (the shared films are all removed)
     # Both runs report both versions' training draws and their overlap, whichever version they test on.
     for draw in (full, n100):
         assert draw.params["train_shared_full_n100"] == overlap
         assert draw.params["train_fingerprint_full"] == full.fingerprints["train"]
         assert draw.params["train_fingerprint_n100"] == n100.fingerprints["train"]
-        assert (draw.params["train_normal_full"], draw.params["train_pneumonia_full"]) == (135, 365)
-        assert (draw.params["train_normal_n100"], draw.params["train_pneumonia_n100"]) == (141, 359)
+        for name in ("full", "n100"):
+            assert (draw.params[f"train_normal_{name}"], draw.params[f"train_pneumonia_{name}"]) == (
+                counts[name][0], counts[name][1]
+            )  # fmt: skip
         assert draw.description[2] == (
             f"training draw of each version: full 500 images (135 normal / 365 pneumonia), fingerprint "
-            f"{full.fingerprints['train']}; n100 500 images (141 normal / 359 pneumonia), fingerprint "
-            f"{n100.fingerprints['train']}"
+            f"{full.fingerprints['train']}; n100 500 images ({counts['n100'][0]} normal / {counts['n100'][1]} "
+            f"pneumonia), fingerprint {n100.fingerprints['train']}"
         )
-        assert draw.description[3] == "483 of 500 training images shared between full and n100"
-    assert "removed 162 image(s) of 54 test patient(s) of this version" in n100.description[1]
-    assert n100.subsets["train"].pool == 520 + 3 * 6
+        assert draw.description[3] == f"{overlap} of 500 training images shared between full and n100"
+    assert f"removed {180 - 3 * k} image(s) of {60 - k} test patient(s) of this version" in n100.description[1]
+    assert n100.subsets["train"].pool == 520 + 3 * k
 
 
 def test_another_version_that_cannot_be_drawn_is_reported_not_fatal(tmp_path):
@@ -308,7 +327,7 @@ def test_bootstrap_table_intervals_bracket_the_point_and_missing_protocols_stay_
     assert (probe["ci_low"] <= probe["value"]).all() and (probe["value"] <= probe["ci_high"]).all()
     assert (probe["ci_high"] > probe["ci_low"]).all()
     assert table[table["protocol"] == "zero_shot"][["value", "ci_low", "ci_high"]].isna().all().all()
-    text = format_table(table, PROTOCOL.methods, PROTOCOL.metrics)
+    text = format_table(table, {"zero_shot": "Zero-shot", "probe": "Linear probe"}, PROTOCOL.metrics)
     assert text.count("n/a") == 5 and "ROC-AUC" in text and "Average precision" in text
     assert text.splitlines()[0] == "| metric (95% CI) | Zero-shot | Linear probe |"
 
@@ -564,10 +583,10 @@ def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
     write_kermany(tmp_path / "data", train=(140, 380), test=(45, 75))
     draw = draw_subsets(PROTOCOL, tmp_path / "data", "n100")
     encoder, cache = CountingEncoder(), tmp_path / "cache"
-    fp = draw.fingerprints["test"]
-    first, hit = encode_subset(encoder, tmp_path / "data", draw.test.table, fp, cache, batch_size=32)
+    fp, table = draw.fingerprints["test"], pd.DataFrame({"image_id": draw.test.ids, "path": draw.test.table["path"]})
+    first, hit = encode_subset(encoder, tmp_path / "data", table, fp, cache, batch_size=32)
     assert not hit and encoder.calls == 100 and first.embeddings.shape == (100, 2)
-    second, hit = encode_subset(encoder, tmp_path / "data", draw.test.table, fp, cache, batch_size=32)
+    second, hit = encode_subset(encoder, tmp_path / "data", table, fp, cache, batch_size=32)
     assert hit and encoder.calls == 100  # nothing re-encoded
     assert np.array_equal(first.embeddings, second.embeddings) and np.array_equal(first.zero_shot, second.zero_shot)
     assert np.array_equal(first.decisions, second.decisions) and second.decisions.dtype == bool
@@ -592,12 +611,231 @@ def test_embeddings_are_computed_once_per_model_and_subset(tmp_path):
             "ap": "average_precision"}  # fmt: skip
     for method, (metric, stem) in itertools.product(("zero_shot", "probe"), card.items()):
         assert metrics[f"{stem}_{method}"] == metrics[f"{method}/{metric}"]
-    assert result.extras.metrics.keys() == {f"{stem}_{m}" for m in ("zero_shot", "probe") for stem in card.values()}
+    answered = ("zero_shot", "probe", "always_pneumonia")  # no run threshold: that extra column is n/a
+    assert result.extras.metrics.keys() == {f"{stem}_{m}" for m in answered for stem in card.values()}
     assert len(result.scores) == 100 and set(result.scores["label"]) == {0, 1}
-    # The model's own call (this encoder's: from 0.5 on), not a threshold the benchmark picks.
-    assert ((result.scores["zero_shot_score"] >= 0.5) == result.scores["zero_shot_pneumonia"].astype(bool)).all()
-    assert "zero-shot score: probability, pneumonia when at or above 0.5" in result.notes
+    # The card's call: a probability above 0.5, not a threshold the benchmark picks.
+    assert ((result.scores["zero_shot_score"] > 0.5) == result.scores["zero_shot_pneumonia"].astype(bool)).all()
+    assert "zero-shot score: probability, pneumonia when above 0.5 (the card's rule; no threshold is tuned)" in (
+        result.notes
+    )  # fmt: skip
     assert list(itertools.chain(result.scores.columns)) == [
-        "image_id", "path", "patient_id", "label", "zero_shot_score", "zero_shot_pneumonia", "probe_probability",
+        "item_id", "path", "patient_id", "label", "zero_shot_score", "zero_shot_pneumonia", "probe_probability",
         "probe_pneumonia",
     ]  # fmt: skip
+
+
+# --- the card's item ids, decision rule, floor and caveats ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("test/PNEUMONIA/person136_bacteria_648.jpeg", "pneumonia-test-person136_bacteria_648"),  # the card's example
+        ("train/NORMAL/NORMAL2-IM-0383-0001.jpeg", "pneumonia-train-NORMAL2-IM-0383-0001"),
+        ("test/NORMAL/IM-0001-0001.png", "pneumonia-test-IM-0001-0001"),  # the extension is not part of it
+        ("train/PNEUMONIA/person1_virus_6_7.jpeg", "pneumonia-train-person1_virus_6_7"),
+    ],
+)
+def test_item_ids_are_the_cards_split_and_file_stem(path, expected):
+    assert item_id(path) == expected
+
+
+def test_every_pool_row_carries_the_cards_id_and_a_malformed_path_is_refused(tmp_path):
+    write_kermany(tmp_path, train=(14, 38), test=(9, 15))
+    for pool in pools(tmp_path):
+        for row in pool.itertuples():
+            split, _, name = row.path.split("/")
+            assert row.item_id == f"pneumonia-{split}-{Path(name).stem}"
+            assert re.fullmatch(r"pneumonia-(train|test)-(person\d+_(bacteria|virus)[\d_]+|(NORMAL2-)?IM-[\d-]+)",
+                                row.item_id)  # fmt: skip
+    with pytest.raises(ValueError, match="x.jpeg: expected <split>/<class folder>/<file>"):
+        item_id("x.jpeg")
+
+
+def test_two_files_with_one_card_id_are_refused_naming_both(tmp_path):
+    write_kermany(tmp_path, train=(14, 38), test=(9, 15))
+    normal = sorted((tmp_path / "test" / "NORMAL").glob("*.jpeg"))[0]
+    (tmp_path / "test" / "PNEUMONIA" / normal.name).write_bytes(normal.read_bytes())
+    with pytest.raises(BadInput) as error:
+        draw_subsets(PROTOCOL, tmp_path, "n100")
+    assert f"pneumonia-test-{normal.stem} names more than one image" in str(error.value)
+    assert f"test/NORMAL/{normal.name}" in str(error.value) and f"test/PNEUMONIA/{normal.name}" in str(error.value)
+
+
+def test_the_draw_ranks_the_cards_ids_and_ignores_row_order_and_file_extensions(tmp_path):
+    write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    n100 = draw_subsets(PROTOCOL, tmp_path, "n100")
+    # By hand, from the files: per label the quota's lowest sha256("<seed>:pneumonia-test-<file stem>").
+    stems = {label: [p.stem for p in sorted((tmp_path / "test" / folder).glob("*"))]
+             for label, folder in ((0, "NORMAL"), (1, "PNEUMONIA"))}  # fmt: skip
+    quotas = largest_remainder_quotas({label: len(names) for label, names in stems.items()}, 100)
+    expected = set()
+    for label, names in stems.items():
+        ranked = sorted(names, key=lambda stem: hashlib.sha256(f"{SEED}:pneumonia-test-{stem}".encode()).hexdigest())
+        expected |= {f"pneumonia-test-{stem}" for stem in ranked[: quotas[label]]}
+    assert set(n100.test.ids) == expected and quotas == {0: 37, 1: 63}
+    # Shuffled pools draw the same rows.
+    train_pool, test_pool = pools(tmp_path)
+    shuffled = [PROTOCOL.draw_version(train_pool.sample(frac=1, random_state=seed),
+                                      test_pool.sample(frac=1, random_state=seed + 1), "n100") for seed in (1, 2)]  # fmt: skip
+    for test, train, _ in shuffled:
+        pd.testing.assert_frame_equal(test.table, n100.test.table)
+        pd.testing.assert_frame_equal(train.table, n100.subsets["train"].table)
+    # The key is the card's id, not the path: the same films stored as .png draw (and fingerprint) the same.
+    for path in list(tmp_path.rglob("*.jpeg")):
+        path.rename(path.with_suffix(".png"))
+    again = draw_subsets(PROTOCOL, tmp_path, "n100")
+    assert again.fingerprints == n100.fingerprints and again.test.ids == n100.test.ids
+
+
+def hand_features(draw, test_scores: np.ndarray, test_decisions: np.ndarray) -> Features:
+    """Encoded outputs made by hand: 2-d embeddings that carry the label (for the probe), the given zero-shot
+    scores and the encoder's own cached decisions on the test items (random ones on the training items)."""
+    rng = np.random.default_rng(5)
+    encoded = {}
+    for name, subset in draw.subsets.items():
+        n, labels = len(subset), subset.targets.labels
+        embeddings = np.c_[labels + rng.normal(0, 0.8, n), rng.normal(size=n)].astype(np.float32)
+        scores, decisions = (test_scores, test_decisions) if name == "test" else (rng.random(n), rng.random(n) > 0.5)
+        encoded[(name, "path")] = Encoded(embeddings, np.asarray(scores, float)[:, None], decisions[:, None])
+    return Features(encoded, ("Pneumonia",))
+
+
+def run_encoder(monkeypatch, thresholds):
+    """A platform run with one ``Pneumonia`` output and the given stored validation thresholds."""
+    finished = SimpleNamespace(network=TinyClassifier(1).eval(), run_id="r1", checkpoint_sha256="abc",
+                               labels=["Pneumonia"], thresholds=thresholds, image_size=16, resize="stretch",
+                               task="pneumonia", version=None, config=None)  # fmt: skip
+    monkeypatch.setattr(platform_models, "load_finished", lambda spec, client: finished)
+    monkeypatch.setattr(platform_models, "tracking_client", lambda uri: None)
+    return load_encoder("run:r1", (TARGET,), "sqlite:///unused.db")
+
+
+def values(outcome, draw) -> pd.Series:
+    return bootstrap_scores(PROTOCOL, draw.test.targets, outcome.methods, n_boot=0).set_index(["protocol", "metric"])[
+        "value"
+    ]
+
+
+def at(labels, decisions) -> dict[str, float]:
+    """Accuracy, sensitivity and specificity of ``decisions`` by scikit-learn."""
+    return {"accuracy": accuracy_score(labels, decisions), "sensitivity": recall_score(labels, decisions),
+            "specificity": recall_score(labels, decisions, pos_label=0)}  # fmt: skip
+
+
+def test_a_run_whose_tuned_threshold_is_not_one_half_is_scored_at_the_cards_0_5(tmp_path, monkeypatch):
+    """The card's rule: a classifier's probability above 0.5; the run's own threshold (0.3) is only the extra
+    column, and the two columns differ exactly as the two rules do."""
+    write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    draw = draw_subsets(PROTOCOL, tmp_path, "n100")
+    labels = draw.test.targets.labels
+    probs = np.clip(labels * 0.15 + np.random.default_rng(3).random(len(labels)) * 0.7, 0, 1)
+    probs[:3] = [0.5, 0.3, 0.4]  # exactly 0.5 is not above it; 0.3 reaches the run's threshold
+    encoder = run_encoder(monkeypatch, [0.3])
+    _, own = combine(probs[:, None], (0,), encoder.thresholds)  # what the encoder cached: at or above 0.3
+    outcome = PROTOCOL.predict(draw, encoder, hand_features(draw, probs, own))
+    got = values(outcome, draw)
+    card, run = probs > 0.5, probs >= 0.3
+    assert (card != run).sum() > 10 and not card[0] and run[0] and run[1]
+    for metric, value in at(labels, card).items():
+        assert got["zero_shot", metric] == pytest.approx(value, abs=1e-12)
+    for metric, value in at(labels, run).items():
+        assert got["zero_shot_run_threshold", metric] == pytest.approx(value, abs=1e-12)
+    assert got["zero_shot", "accuracy"] != got["zero_shot_run_threshold", "accuracy"]
+    for method in ("zero_shot", "zero_shot_run_threshold"):  # the ranking metrics do not depend on a threshold
+        assert got[method, "auroc"] == pytest.approx(roc_auc_score(labels, probs), abs=1e-12)
+        assert got[method, "ap"] == pytest.approx(average_precision_score(labels, probs), abs=1e-12)
+    scores = outcome.scores
+    assert np.array_equal(scores["zero_shot_pneumonia"], card.astype(int))
+    assert np.array_equal(scores["zero_shot_pneumonia_run_threshold"], run.astype(int))
+    for metric, value in at(labels, scores["probe_probability"] > 0.5).items():  # the probe: above 0.5 as well
+        assert got["probe", metric] == pytest.approx(value, abs=1e-12)
+    assert outcome.notes[0] == ("zero-shot score: probability, pneumonia when above 0.5 (the card's rule; no "
+                                "threshold is tuned)")  # fmt: skip
+    extra = next(note for note in outcome.notes if note.startswith("zero-shot at the run's own threshold"))
+    assert "not the card's rule" in extra and "validation threshold 0.3" in extra
+
+
+def test_a_run_without_thresholds_has_no_extra_column(tmp_path, monkeypatch):
+    write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    draw = draw_subsets(PROTOCOL, tmp_path, "n100")
+    probs = np.random.default_rng(4).random(len(draw.test))
+    encoder = run_encoder(monkeypatch, None)
+    outcome = PROTOCOL.predict(draw, encoder, hand_features(draw, probs, probs >= 0.5))
+    assert outcome.methods["zero_shot_run_threshold"] is None
+    assert np.array_equal(outcome.methods["zero_shot"].decisions, probs > 0.5)
+    assert "zero_shot_pneumonia_run_threshold" not in outcome.scores
+    assert values(outcome, draw).loc["zero_shot_run_threshold"].isna().all()
+
+
+class MarginEncoder(Encoder):
+    """An image-text model's shape (scores are prompt margins) whose cached calls are deliberately all positive:
+    the protocol must call from the margin itself."""
+
+    image_size = 16
+    zero_shot_kind = "margin"
+
+    @property
+    def identity(self) -> str:
+        return "margin"
+
+    def encode(self, images):  # never called: the features are made by hand
+        raise AssertionError
+
+
+def test_an_image_text_model_calls_pneumonia_on_a_positive_prompt_margin(tmp_path):
+    write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    draw = draw_subsets(PROTOCOL, tmp_path, "n100")
+    labels = draw.test.targets.labels
+    margins = (labels - 0.4) * 0.02 + np.random.default_rng(6).normal(0, 0.02, len(labels))
+    margins[:2] = [0.0, 1e-9]  # a zero margin is no call; any positive one is
+    outcome = PROTOCOL.predict(draw, MarginEncoder("clip:x", (TARGET,)),
+                               hand_features(draw, margins, np.ones(len(labels), bool)))  # fmt: skip
+    got = values(outcome, draw)
+    calls = margins > 0
+    assert not calls[0] and calls[1] and not calls.all()
+    assert np.array_equal(outcome.methods["zero_shot"].decisions, calls)
+    for metric, value in at(labels, calls).items():
+        assert got["zero_shot", metric] == pytest.approx(value, abs=1e-12)
+    assert got["zero_shot", "auroc"] == pytest.approx(roc_auc_score(labels, margins), abs=1e-12)
+    assert outcome.methods["zero_shot_run_threshold"] is None  # its own call is the card's rule
+    assert outcome.notes[0].startswith("zero-shot score: margin, pneumonia when above 0 (the card's rule")
+    np.testing.assert_array_equal(card_decisions(np.array([-1.0, 0.0, np.nan, 0.2]), "margin"),
+                                  [False, False, False, True])  # fmt: skip
+    with pytest.raises(ValueError, match="no decision rule for zero-shot scores of kind 'logit'"):
+        card_decisions(margins, "logit")
+
+
+def test_the_always_pneumonia_floor_is_the_test_items_prevalence(tmp_path):
+    write_kermany(tmp_path, train=(140, 380), test=(45, 75))
+    for version in ("full", "n100"):
+        draw = draw_subsets(PROTOCOL, tmp_path, version)
+        labels = draw.test.targets.labels
+        outcome = PROTOCOL.predict(draw, MarginEncoder("clip:x", (TARGET,)),
+                                   hand_features(draw, np.zeros(len(labels)), np.zeros(len(labels), bool)))  # fmt: skip
+        got = values(outcome, draw).loc["always_pneumonia"]
+        always = np.ones(len(labels), dtype=bool)
+        prevalence = labels.sum() / len(labels)  # 75/120 (full), 63/100 (n100)
+        assert prevalence == {"full": 75 / 120, "n100": 63 / 100}[version]
+        assert got["accuracy"] == pytest.approx(accuracy_score(labels, always)) == pytest.approx(prevalence)
+        assert got["specificity"] == recall_score(labels, always, pos_label=0) == 0.0 and got["sensitivity"] == 1.0
+        assert got["auroc"] == 0.5 and got["ap"] == pytest.approx(prevalence)
+        floor = next(note for note in outcome.notes if note.startswith("floor: always pneumonia"))
+        assert f"accuracy = prevalence = {labels.sum()}/{len(labels)} = {prevalence:.3f}" in floor
+        assert "specificity 0" in floor
+
+
+def test_every_report_carries_the_overlap_caveat_and_names_a_kermany_runs_folder():
+    assert overlap_notes(MarginEncoder("clip:x", (TARGET,))) == [OVERLAP_CAVEAT]
+    assert "PneumoniaMNIST" in OVERLAP_CAVEAT and "may have seen these test images" in OVERLAP_CAVEAT
+
+    def run(target: str, root: str):
+        config = OmegaConf.create({"data": {"root": root, "source": {"_target_": target, "root": "${data.root}"}}})
+        return SimpleNamespace(finished=SimpleNamespace(config=config))
+
+    kermany = run("training.data.adapters.kermany.KermanySource", "/data/chest_xray")
+    first, second = overlap_notes(kermany)
+    assert first == OVERLAP_CAVEAT and second.startswith("this run was trained on the Kermany folder /data/chest_xray:")
+    assert overlap_notes(run("training.data.adapters.nih14.NIH14Source", "/data/nih")) == [OVERLAP_CAVEAT]
+    assert overlap_notes(SimpleNamespace(finished=SimpleNamespace(config=None))) == [OVERLAP_CAVEAT]

@@ -81,7 +81,7 @@ def test_the_shipped_card_covers_every_benchmark_plug_in_and_the_cxrlt_rows():
         (PNEUMONIA.replace("metric: auroc", "metric: [auroc]"),
          "benchmarks.pneumonia.metric: ['auroc'] is not a metric of pneumonia"),
         (PNEUMONIA.replace("probe: null", "linear: null"),
-         "benchmarks.pneumonia.methods: 'linear' is not a method of pneumonia (known: zero_shot, probe)"),
+         "benchmarks.pneumonia.methods: 'linear' is not a method of pneumonia (known: zero_shot, probe, always_pneumonia,"),
         (PNEUMONIA.replace("probe: null", "probe: weights"),
          "benchmarks.pneumonia.methods.probe: requirement 'weights' is not null, outputs or text"),
         (PNEUMONIA + "    version: n50\n", "benchmarks.pneumonia.version: 'n50' is not a version of pneumonia"),
