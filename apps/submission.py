@@ -3,8 +3,9 @@
 Format (docs/rules.md §1): ``ImageID`` then one probability column per class. Without the organisers' template the
 class columns follow :data:`training.data.label_names.ORGANISER_SPELLING` in the model's label order; with the
 template, its header is copied exactly (names, order, id column) and each of its class columns is matched to a
-model label through :func:`training.data.label_names.canonical_name`, so a spelling difference can never leave a
-column of zeros or shift probabilities into the wrong class. Rows follow the template's order.
+model label by the contract every reader of predictions shares (:mod:`evaluation.prediction_columns`), so a
+spelling difference can never leave a column of zeros or shift probabilities into the wrong class, and ``make
+score`` reads the file exactly as it was written. Rows follow the template's order.
 
 The validator collects every problem (not just the first) and names where each one is: the column for a header
 mismatch, the id for a missing, extra or duplicated id, and the CSV line, id and column for a bad probability.
@@ -20,10 +21,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from evaluation.prediction_columns import SUBMISSION_ID_COLUMN, PredictionsError, id_column, label_columns
 from training.config_files import config_file
-from training.data.label_names import ORGANISER_SPELLING, canonical_name
+from training.data.label_names import ORGANISER_SPELLING
 
-ID_COLUMN = "ImageID"
 MAX_LISTED = 10  # problems listed per kind before summarising
 TASK_CONFIGS = config_file("task")
 #: What a task submits and ``make score`` reads (``submission_format`` in ``configs/task/<task>.yaml``):
@@ -72,29 +73,48 @@ class Template:
 
     @classmethod
     def read(cls, path: str | Path) -> Template:
-        """The organisers' template CSV: the first column holds the ids; other columns name the classes."""
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        """The organisers' template CSV: the first column holds the ids; other columns name the classes.
+
+        Raises:
+            SubmissionError: the file is missing or not a CSV, or its first column is not an image id column.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise SubmissionError(f"template not found: {path} (the organisers' CSV: {SUBMISSION_ID_COLUMN} and one "
+                                  "column per class; leave TEMPLATE out to submit the test split)")  # fmt: skip
+        try:
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise SubmissionError(f"{path}: not a readable template CSV: {error}") from None
         if frame.shape[1] < 2:
             raise SubmissionError(f"{path}: a template needs an id column and at least one class column")
+        if id_column(frame.columns[:1]) is None:
+            raise SubmissionError(f"{path}: the first column {frame.columns[0]!r} is not an image id column "
+                                  f"({SUBMISSION_ID_COLUMN!r})")  # fmt: skip
         return cls(list(frame.columns), frame.iloc[:, 0].tolist())
 
     @classmethod
     def default(cls, labels: Sequence[str], ids: Sequence[str]) -> Template:
         """``ImageID`` plus the labels in the organisers' spelling (a label they do not list keeps its own)."""
-        return cls([ID_COLUMN] + [ORGANISER_SPELLING.get(name, name) for name in labels], [str(i) for i in ids])
+        header = [SUBMISSION_ID_COLUMN] + [ORGANISER_SPELLING.get(name, name) for name in labels]
+        return cls(header, [str(i) for i in ids])
 
 
 def class_index(template: Template, labels: Sequence[str]) -> list[int]:
     """For each class column of the template, the index of the model label it names.
 
     Raises:
-        SubmissionError: a column naming no label of the model (listed by name).
+        SubmissionError: a column naming no label of the model (listed by name), or two naming the same one.
     """
-    found = [canonical_name(column, labels) for column in template.class_columns]
-    unknown = [column for column, name in zip(template.class_columns, found, strict=True) if name is None]
+    try:
+        found, _ = label_columns(template.class_columns, labels)
+    except PredictionsError as error:
+        raise SubmissionError(f"template: {error}") from None
+    label_of = {column: label for label, column in found.items()}
+    unknown = [column for column in template.class_columns if column not in label_of]
     if unknown:
         raise SubmissionError(f"template column(s) {unknown} name no class of the model (labels: {list(labels)})")
-    return [list(labels).index(name) for name in found]
+    return [list(labels).index(label_of[column]) for column in template.class_columns]
 
 
 def build_submission(template: Template, ids: Sequence[str], probs: np.ndarray, labels: Sequence[str]) -> pd.DataFrame:

@@ -53,10 +53,11 @@ from apps.submission import (
     validate_file,
 )
 from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
+from evaluation.prediction_columns import ID_COLUMN
 from evaluation.tta import TTAPredictor
 from training.config_files import config_file
 from training.data.images import read_grayscale
-from training.errors import user_errors
+from training.errors import UserError, user_errors
 from training.runs import ModelNotFound, read_config
 from training.targets import UnsafeConfig
 from training.tracking.tracked_run import TrackedRun
@@ -83,7 +84,7 @@ def rows_to_predict(manifest: Path, split: str | None, ids: Sequence[str] | None
     """
     table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
     if ids is not None:
-        by_id = table.drop_duplicates("image_id").set_index("image_id")
+        by_id = table.drop_duplicates(ID_COLUMN).set_index(ID_COLUMN)
         absent = [i for i in ids if i not in by_id.index]
         if absent:
             raise SubmissionError(f"{len(absent)} template id(s) are not in {manifest}, e.g. {absent[:10]}")
@@ -91,7 +92,7 @@ def rows_to_predict(manifest: Path, split: str | None, ids: Sequence[str] | None
     rows = table[table["split"] == split] if split else table
     if rows.empty:
         raise SubmissionError(f"{manifest}: no rows in split {split!r}")
-    return rows[["image_id", "path"]].reset_index(drop=True)
+    return rows[[ID_COLUMN, "path"]].reset_index(drop=True)
 
 
 def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAPredictor | None,
@@ -130,11 +131,11 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
     root = root or manifest.parent
     template = Template.read(template_path) if template_path else None
     rows = rows_to_predict(manifest, None if template else split, template.ids if template else None)
-    template = template or Template.default(members[0].submission_labels, rows["image_id"].tolist())
+    template = template or Template.default(members[0].submission_labels, rows[ID_COLUMN].tolist())
     predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
     log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
     probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor, stored.weights if stored else None)
-    frame = build_submission(template, rows["image_id"].tolist(), probs, labels)
+    frame = build_submission(template, rows[ID_COLUMN].tolist(), probs, labels)
     validate(frame, template)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False, float_format="%.6f")
@@ -143,6 +144,9 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
         run = TrackedRun(client, run_id)
         run.log_artifact(out, "submissions")
         run.set_tags({"cxrlt.last_submission": out.name})
+    if template_path is None and not members[0].finished.unseen:  # the file holds every label of the split
+        log.info("score it: make score TASK=%s PREDICTIONS=%s MANIFEST=%s SPLIT=%s", members[0].finished.task, out,
+                 manifest, split)  # fmt: skip
     return frame
 
 
@@ -279,8 +283,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
     with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
+        check_inputs(args)  # before any model is loaded or image predicted
         message = WRITERS[submission_format(args.task)](tracking_client(uri), models, out, args)
     log.info("%s", message)
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a named input file or folder that is not there, in one line naming it.
+
+    Raises:
+        UserError: ``--template`` or ``--manifest`` is not a file, or ``--root`` is not a folder.
+    """
+    if args.template is not None and not args.template.is_file():
+        raise UserError(f"--template {args.template}: no such file (the organisers' template comes with their test "
+                        "images; without TEMPLATE the test split of the model's data is submitted)")  # fmt: skip
+    if args.manifest is not None and not args.manifest.is_file():
+        raise UserError(f"--manifest {args.manifest}: no such file")
+    if args.root is not None and not args.root.is_dir():
+        raise UserError(f"--root {args.root}: no such folder")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from evaluation.metric_registry import SUITE
 from evaluation.metrics import prevalence_baseline_map
 from evaluation.perturb import perturbed_set
 from evaluation.plots import write_plots
+from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.report import write_html, write_report
 from evaluation.suite import SuiteResult, compute_suite
 from evaluation.tables import PER_CLASS_TABLE, logged_tables_tag, per_class_metric_names, per_class_table, write_table
@@ -72,10 +73,11 @@ def predict(model, datamodule, split: str, predictor: TTAPredictor | None = None
 
 def _frame(datamodule, split: str, probs: np.ndarray, labels: list[str]) -> pd.DataFrame:
     rows = datamodule.split_frame(split)
-    meta = rows[["image_id", "patient_id"] + [c for c in ("source", "view") if c in rows]].reset_index(drop=True)
+    meta = rows[[ID_COLUMN, "patient_id"] + [c for c in ("source", "view") if c in rows]].reset_index(drop=True)
     truth = datamodule.datasets[split].targets.numpy().astype(int)
     return pd.concat(
-        [meta, pd.DataFrame(probs, columns=labels), pd.DataFrame(truth, columns=[f"true/{n}" for n in labels])], axis=1
+        [meta, pd.DataFrame(probs, columns=labels), pd.DataFrame(truth, columns=[TRUE_PREFIX + n for n in labels])],
+        axis=1,
     )
 
 

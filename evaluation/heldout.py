@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from evaluation.evaluate import MACROS, Evaluation, MetricSet, _prefixed
+from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.report import TRAINED_ON_CAVEAT
 from evaluation.suite import compute_suite
 from evaluation.tta import TTAPredictor
@@ -159,10 +160,10 @@ def predictions_frame(heldout: HeldoutSet, datamodule, labels: Sequence[str]) ->
     """The subset's rows as ``predictions/heldout.csv``: ids (and source/view), probabilities, true labels."""
     draw = heldout.draw
     rows = datamodule.split_frame(draw.split).reset_index(drop=True).iloc[draw.rows].reset_index(drop=True)
-    meta = rows[[c for c in ("image_id", "patient_id", "source", "view") if c in rows]]
+    meta = rows[[c for c in (ID_COLUMN, "patient_id", "source", "view") if c in rows]]
     truth = datamodule.datasets[draw.split].targets.numpy()[draw.rows].astype(int)
     return pd.concat([meta, pd.DataFrame(heldout.probs, columns=list(labels)),
-                      pd.DataFrame(truth, columns=[f"true/{n}" for n in labels])], axis=1)  # fmt: skip
+                      pd.DataFrame(truth, columns=[TRUE_PREFIX + n for n in labels])], axis=1)  # fmt: skip
 
 
 def attach(evaluation: Evaluation, heldout: HeldoutSet, datamodule) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evaluation.prediction_columns import ID_COLUMN, PredictionsError, to_platform
 
-class PredictionsError(ValueError):
-    """Predictions that cannot be scored; the message names the file, row and column."""
+__all__ = ["PredictionsError", "align_predictions", "read_predictions"]
 
 
 def read_predictions(path: str | Path) -> pd.DataFrame:
@@ -27,37 +27,34 @@ def read_predictions(path: str | Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
-        raise PredictionsError(f"{path}: empty file, not even a header line (expected image_id and one column "
-                               "per class)") from None  # fmt: skip
+        raise PredictionsError(f"{path}: empty file, not even a header line (expected {ID_COLUMN} and one "
+                               "column per class)") from None  # fmt: skip
     except (pd.errors.ParserError, UnicodeDecodeError) as error:
         raise PredictionsError(f"{path}: not a readable CSV file: {error}") from None
 
 
 def align_predictions(predictions: pd.DataFrame, truth: pd.DataFrame, labels: Sequence[str], source: str = "predictions"
                       ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Match predictions to ground-truth rows by ``image_id`` and return ``(targets, probs)``, both ``(N, C)``.
+    """Match predictions to ground-truth rows by image id and return ``(targets, probs)``, both ``(N, C)``.
 
     Every check reports what is wrong where, so a broken export is fixed in one round:
     missing id column or class columns, duplicated ids, ids absent from or extra to the ground truth,
     NaN or non-numeric cells, probabilities outside [0, 1].
 
     Args:
-        predictions: ``image_id`` plus one probability column per label, as :func:`read_predictions` reads them
-            (ids as text; a frame whose ids were parsed as numbers has already lost their leading zeros).
+        predictions: an id column plus one probability column per label, in the platform's or the organisers'
+            spelling (:mod:`evaluation.prediction_columns`), as :func:`read_predictions` reads them (ids as text;
+            a frame whose ids were parsed as numbers has already lost their leading zeros).
         truth: ``image_id`` plus one column per label (1, 0, or NaN for not labelled).
         labels: class columns to score, in order.
         source: file name used in messages.
     """
-    if "image_id" not in predictions:
-        raise PredictionsError(f"{source}: no 'image_id' column (columns: {list(predictions.columns)[:8]}...)")
-    missing = [c for c in labels if c not in predictions]
-    if missing:
-        raise PredictionsError(f"{source}: missing class column(s) {missing}")
-    ids = predictions["image_id"].astype(str)
+    predictions = to_platform(predictions, labels, source)
+    ids = predictions[ID_COLUMN].astype(str)
     duplicated = ids[ids.duplicated()].unique().tolist()
     if duplicated:
         raise PredictionsError(f"{source}: duplicated image_id(s) {duplicated[:5]}")
-    truth_ids = truth["image_id"].astype(str)
+    truth_ids = truth[ID_COLUMN].astype(str)
     absent, extra = sorted(set(truth_ids) - set(ids)), sorted(set(ids) - set(truth_ids))
     if absent or extra:
         raise PredictionsError(

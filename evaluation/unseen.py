@@ -30,6 +30,7 @@ from torch import nn
 
 from evaluation.evaluate import MACROS
 from evaluation.metrics import prevalence_baseline_map
+from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.suite import compute_suite
 from evaluation.tta import TTAPredictor
 
@@ -164,8 +165,8 @@ def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
         how = "chosen on proxy-OOD validation" if getattr(model, "auto_transfer", False) else "as configured"
         transfer = f"{transfer}, {how}"
     frame = pd.concat(
-        [rows[["image_id"] + [c for c in ("source",) if c in rows]].reset_index(drop=True),
-         pd.DataFrame(probs, columns=unseen), pd.DataFrame(targets.astype(int), columns=[f"true/{n}" for n in unseen])],
+        [rows[[ID_COLUMN] + [c for c in ("source",) if c in rows]].reset_index(drop=True),
+         pd.DataFrame(probs, columns=unseen), pd.DataFrame(targets.astype(int), columns=[TRUE_PREFIX + n for n in unseen])],
         axis=1,
     )  # fmt: skip
     centres = sorted(set(sources)) if sources is not None else []
