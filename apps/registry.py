@@ -9,6 +9,14 @@ metric the value of the kept checkpoint (``<metric>_best``, logged by the pipeli
 otherwise the last logged value. Runs without the metric, unfinished runs (pruned trials are KILLED) and study
 parent runs are never candidates.
 
+Comparability. A validation metric compares two runs only when both were judged on the same validation rows, so
+only runs of the task with one validation-set fingerprint (tag ``cxrlt.val_fingerprint``, recorded by
+:mod:`training.tracking.run_context`) are ranked together, and debug runs (a debug preset's subset, tag
+``cxrlt.debug``) only with ``--include-debug``. The group ranked is the one asked for (``--val-set``), else the
+current champion's (a new champion must beat the old one on the same rows), else the newest run's (the data the
+user last trained on). The command prints the metric, the ranked candidates with their values and every run it
+left out, counted by reason.
+
 Registry. Aliases, not the deprecated stages: the new version gets ``champion`` and the previous holder keeps its
 version number, tags and history (plus ``cxrlt.replaced_by``). Registering a run that already has a version
 re-points the alias to that version instead of adding a duplicate.
@@ -22,7 +30,7 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
@@ -36,6 +44,7 @@ from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
 from training.runs import ModelNotFound
 from training.targets import UnsafeConfig
+from training.tracking.run_context import DEBUG_TAG, VAL_FINGERPRINT_TAG
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
@@ -55,6 +64,7 @@ TIE_BREAKS: tuple[tuple[str, bool], ...] = tuple(
 #: registry's lower-is-better metrics, plus the training loss, which is no evaluation metric.
 LOWER_IS_BETTER = SUITE.lower_is_better() | {"loss"}
 STUDY_KIND = ("cxrlt.kind", "tuning-study")
+SHOWN = 10  # ranked candidates and excluded ids printed per list; the rest are counted
 #: Pinned requirements written into the model (``--env-manager local`` serves in the project's own env).
 REQUIREMENTS = ("torch", "torchvision", "timm", "lightning", "albumentations", "opencv-python-headless", "mlflow",
                 "pandas", "numpy", "omegaconf", "hydra-core", "cxrlt-lab")  # fmt: skip
@@ -82,11 +92,14 @@ def larger_is_better(metric: str) -> bool:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A run as ranking sees it: id, start time and its metrics."""
+    """A run as ranking sees it: id, start time, its metrics and what it is comparable by."""
 
     run_id: str
     start_time: int
     metrics: dict[str, float]
+    val_set: str | None = None  # validation-set fingerprint; None for a run logged before runs recorded one
+    debug: bool = False
+    name: str = ""
 
     def value(self, metric: str) -> float:
         """The kept checkpoint's value of ``metric`` when logged, else the latest; NaN when absent."""
@@ -108,18 +121,113 @@ def rank(candidates: Iterable[Candidate], metric: str) -> list[Candidate]:
     return sorted(candidates, key=sort_key)
 
 
-def candidates(client: MlflowClient, experiment: str, metric: str) -> list[Candidate]:
-    """Finished runs of the experiment that logged ``metric`` (or its ``_best``), study parents excluded."""
+def is_debug(run) -> bool:
+    """A debug run: tagged so by training, or (runs logged before the tag) trained with ``data.debug_size`` set."""
+    tag = run.data.tags.get(DEBUG_TAG)
+    if tag is not None:
+        return tag == "true"
+    return any(key.startswith("data.debug_size.") for key in run.data.params)
+
+
+def _candidate(run) -> Candidate:
+    return Candidate(run.info.run_id, run.info.start_time, dict(run.data.metrics),
+                     run.data.tags.get(VAL_FINGERPRINT_TAG), is_debug(run), run.info.run_name or "")  # fmt: skip
+
+
+@dataclass
+class Ranking:
+    """The comparable group ranked, best first, and every other run of the experiment with why it was left out."""
+
+    metric: str
+    val_set: str | None
+    chosen_by: str  # why this group: asked, the champion's, the newest run's
+    ranked: list[Candidate]
+    excluded: dict[str, list[str]] = field(default_factory=dict)  # reason -> run ids
+
+    def lines(self) -> list[str]:
+        """What ``make register`` prints: the metric, the ranked candidates with values, the excluded by reason."""
+        direction = "higher" if larger_is_better(self.metric) else "lower"
+        out = [f"ranking {len(self.ranked)} comparable run(s) by {self.metric} ({direction} is better; the kept "
+               f"checkpoint's {self.metric}_best where logged), validation set {self.val_set} ({self.chosen_by}):"]  # fmt: skip
+        if not self.ranked:
+            out = [f"no comparable run to rank by {self.metric}"]
+        for place, candidate in enumerate(self.ranked[:SHOWN], 1):
+            out.append(f"  {place:>2}. {candidate.run_id}  {candidate.value(self.metric):.4f}  {candidate.name}")
+        if len(self.ranked) > SHOWN:
+            out.append(f"      ... and {len(self.ranked) - SHOWN} more")
+        total = sum(len(ids) for ids in self.excluded.values())
+        if total:
+            out.append(f"excluded {total} run(s):")
+        for reason, ids in self.excluded.items():
+            more = f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else ""
+            out.append(f"  {len(ids)} {reason}: {', '.join(ids[:SHOWN])}{more}")
+        return out
+
+
+#: Why a finished run with the metric is left out of the ranked group, in the order they are checked and printed.
+OTHER_TASK = "of another task"
+DEBUG_RUN = "debug run(s) (a debug preset's subset; ARGS=--include-debug ranks them)"
+NO_VAL_SET = "without a validation-set fingerprint (logged before runs recorded one; RUN=<id> registers one)"
+OTHER_VAL_SET = "on another validation set"
+
+
+def comparable(client: MlflowClient, experiment: str, task: str, metric: str, include_debug: bool = False,
+               val_set: str | None = None) -> Ranking:  # fmt: skip
+    """Rank the experiment's runs that are comparable with each other (module docstring, Comparability)."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise NoCandidate(f"no MLflow experiment {experiment!r}; train first (make train TASK={experiment})")
-    runs = client.search_runs([found.experiment_id], filter_string="attributes.status = 'FINISHED'", max_results=50000)
-    return [
-        Candidate(run.info.run_id, run.info.start_time, dict(run.data.metrics))
-        for run in runs
-        if run.data.tags.get(STUDY_KIND[0]) != STUDY_KIND[1]
-        and (metric in run.data.metrics or f"{metric}_best" in run.data.metrics)
-    ]
+    excluded: dict[str, list[str]] = {}
+
+    def leave_out(reason: str, run_id: str) -> None:
+        excluded.setdefault(reason, []).append(run_id)
+
+    pool = []
+    for run in client.search_runs([found.experiment_id], max_results=50000, order_by=["attributes.start_time DESC"]):
+        tags, run_id = run.data.tags, run.info.run_id
+        if tags.get(STUDY_KIND[0]) == STUDY_KIND[1]:
+            leave_out("tuning-study parent run(s)", run_id)
+        elif run.info.status != "FINISHED":
+            leave_out("unfinished (running, failed or pruned)", run_id)
+        elif metric not in run.data.metrics and f"{metric}_best" not in run.data.metrics:
+            leave_out(f"without {metric}", run_id)
+        elif tags.get("task", task) != task:
+            leave_out(OTHER_TASK, run_id)
+        elif is_debug(run) and not include_debug:
+            leave_out(DEBUG_RUN, run_id)
+        elif tags.get(VAL_FINGERPRINT_TAG) is None:
+            leave_out(NO_VAL_SET, run_id)
+        else:
+            pool.append(_candidate(run))
+    chosen_by = "asked with --val-set"
+    if val_set is None:
+        val_set, chosen_by = _default_group(client, task, pool)
+    for candidate in pool:
+        if candidate.val_set != val_set:
+            leave_out(OTHER_VAL_SET, candidate.run_id)
+    ranked = rank([c for c in pool if c.val_set == val_set], metric)
+    return Ranking(metric, val_set, chosen_by, ranked, excluded)
+
+
+def _default_group(client: MlflowClient, task: str, pool: list[Candidate]) -> tuple[str | None, str]:
+    """The champion's validation set when it has comparable runs, else the newest candidate's (``pool`` is newest
+    first)."""
+    holder = _alias_holder(client, model_name(task), ALIAS)
+    if holder is not None:
+        champion = _run_or_none(client, holder.run_id)
+        fingerprint = champion.data.tags.get(VAL_FINGERPRINT_TAG) if champion else None
+        if any(c.val_set == fingerprint for c in pool):
+            return fingerprint, f"the champion's, run {holder.run_id}"
+    if not pool:
+        return None, "no comparable run"
+    return pool[0].val_set, f"the newest run's, {pool[0].run_id}"
+
+
+def _run_or_none(client: MlflowClient, run_id: str):
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        return None
 
 
 def ensure_full_evaluation(client: MlflowClient, run_id: str) -> bool:
@@ -193,16 +301,41 @@ def _requirements() -> list[str]:
 
 
 def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", experiment: str | None = None,
-                  run_id: str | None = None, alias: str = ALIAS, full_evaluation: bool = True):  # fmt: skip
-    """Rank the task's runs, register the best (or ``run_id``) and make it the ``alias`` holder."""
-    ranked = rank(candidates(client, experiment or task, metric), metric)
+                  run_id: str | None = None, alias: str = ALIAS, full_evaluation: bool = True,
+                  include_debug: bool = False, val_set: str | None = None):  # fmt: skip
+    """Rank the task's comparable runs, say how, register the best (or ``run_id``) and make it the ``alias``
+    holder."""
+    ranking = comparable(client, experiment or task, task, metric, include_debug, val_set)
+    for line in ranking.lines():
+        log.info("%s", line)
     if run_id is None:
-        if not ranked:
-            raise NoCandidate(f"no finished run in experiment {experiment or task!r} logged {metric!r}")
-        run_id = ranked[0].run_id
-    best = next((c for c in ranked if c.run_id == run_id), None)
-    reason = {"rank_metric": metric, "rank_value": best.value(metric) if best else "n/a", "candidates": len(ranked)}
+        if not ranking.ranked:
+            left = sum(len(ids) for ids in ranking.excluded.values())
+            raise NoCandidate(f"no comparable finished run in experiment {experiment or task!r} logged {metric!r} "
+                              f"({left} run(s) excluded, listed above)")  # fmt: skip
+        run_id = ranking.ranked[0].run_id
+    else:
+        _say_if_not_comparable(client, task, run_id)
+    best = next((c for c in ranking.ranked if c.run_id == run_id), None)
+    reason = {"rank_metric": metric, "rank_value": best.value(metric) if best else "n/a",
+              "candidates": len(ranking.ranked), "val_fingerprint": ranking.val_set if best else "n/a"}  # fmt: skip
     return register_run(client, run_id, model_name(task), alias, reason, full_evaluation)
+
+
+def _say_if_not_comparable(client: MlflowClient, task: str, run_id: str) -> None:
+    """``RUN=<id>`` registers what it is told; it warns when that run cannot be compared with the champion."""
+    run, holder = _run_or_none(client, run_id), _alias_holder(client, model_name(task), ALIAS)
+    if run is None:
+        return  # register_run names the unknown run
+    if is_debug(run):
+        log.warning("note: run %s is a debug run (a debug preset's subset)", run_id)
+    champion = _run_or_none(client, holder.run_id) if holder is not None else None
+    if champion is None or holder.run_id == run_id:
+        return
+    mine, theirs = run.data.tags.get(VAL_FINGERPRINT_TAG), champion.data.tags.get(VAL_FINGERPRINT_TAG)
+    if mine is None or mine != theirs:
+        log.warning("note: run %s is not comparable with the current champion (run %s): validation set %s, the "
+                    "champion's %s", run_id, holder.run_id, mine or "not recorded", theirs or "not recorded")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -212,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the task name)")
     parser.add_argument("--run", default=None, help="register this run id instead of the best one")
     parser.add_argument("--alias", default=ALIAS)
+    parser.add_argument("--include-debug", action="store_true", help="rank debug runs (debug=smoke) too")
+    parser.add_argument("--val-set", default=None, help="rank the runs of this validation-set fingerprint "
+                        "(tag cxrlt.val_fingerprint; default: the champion's, else the newest run's)")  # fmt: skip
     parser.add_argument(
         "--no-full-evaluation",
         action="store_true",
@@ -226,9 +362,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     metric = args.metric or selection_metric(args.task)
     # An unknown or unsafe run is the user's to fix from the message; anything else is a bug, with its traceback.
     with user_errors(UnsafeConfig, ModelNotFound, NoCandidate, debug=args.debug):
-        version = register_best(
-            tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias, not args.no_full_evaluation
-        )
+        version = register_best(tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias,
+                                full_evaluation=not args.no_full_evaluation, include_debug=args.include_debug,
+                                val_set=args.val_set)  # fmt: skip
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
              args.alias, version.name, args.alias)  # fmt: skip
 

@@ -127,7 +127,7 @@ def test_restart_with_more_trials_adds_two_to_the_same_study(study):
 
 @pytest.fixture(scope="module")
 def champion(study):
-    _run([sys.executable, "-m", "apps.registry", "--task", "task1"], study["env"])
+    _run([sys.executable, "-m", "apps.registry", "--task", "task1", "--include-debug"], study["env"])  # smoke trials
     client = study["client"]
     return client.get_model_version_by_alias("cxrlt-task1", "champion")
 
@@ -147,7 +147,7 @@ def test_register_picks_the_best_complete_trial(study, champion):
                  if r.info.status == "FINISHED" and r.info.run_id != champion.run_id)  # fmt: skip
     assert "test_tta/mAP" not in client.get_run(other.info.run_id).data.metrics  # only the champion
     # Registering again keeps one version per run: the alias stays, no duplicate.
-    _run([sys.executable, "-m", "apps.registry", "--task", "task1"], study["env"])
+    _run([sys.executable, "-m", "apps.registry", "--task", "task1", "--include-debug"], study["env"])  # smoke trials
     assert len(client.search_model_versions("name = 'cxrlt-task1'")) == 1
 
 

@@ -49,3 +49,28 @@ def test_experiments_are_marked_as_model_training_unless_already_chosen(tmp_path
         mark_model_training(client, experiment)
     assert client.get_experiment(fresh).tags[EXPERIMENT_KIND[0]] == "custom_model_development"
     assert client.get_experiment(chosen).tags[EXPERIMENT_KIND[0]] == "genai_development"
+
+
+def _module(table: pd.DataFrame, val_rows: int | None = None):
+    """A data module over ``table`` whose val split is cut to its first ``val_rows`` rows, as a subset does."""
+    manifest = SimpleNamespace(labels=("Effusion",), table=table)
+    frame = lambda split: table[table["split"] == split].reset_index(drop=True).iloc[:val_rows]  # noqa: E731
+    return SimpleNamespace(manifest=manifest, split_frame=frame)
+
+
+def test_the_validation_fingerprint_follows_the_validation_rows_and_debug_follows_the_debug_preset():
+    from training.tracking.run_context import comparability_tags
+
+    table = pd.DataFrame({"image_id": ["t1", "v1", "v2", "x1"], "split": ["train", "val", "val", "test"],
+                          "Effusion": ["0", "1", "0", "1"]})  # fmt: skip
+    more_training = pd.concat([table, pd.DataFrame({"image_id": ["t2"], "split": ["train"], "Effusion": ["1"]})])
+    relabelled = table.assign(Effusion=["0", "0", "0", "1"])
+    full, debug = _cfg(data={"debug_size": None}), _cfg(data={"debug_size": {"train": 1, "val": 1, "test": 1}})
+    tags = comparability_tags(full, _module(table))
+    assert tags["cxrlt.debug"] == "false" and comparability_tags(debug, _module(table))["cxrlt.debug"] == "true"
+    fingerprint = tags["cxrlt.val_fingerprint"]
+    assert len(fingerprint) == 12
+    # other training rows, same validation rows: comparable; a cut or a changed label: not
+    assert comparability_tags(full, _module(more_training))["cxrlt.val_fingerprint"] == fingerprint
+    assert comparability_tags(full, _module(table, val_rows=1))["cxrlt.val_fingerprint"] != fingerprint
+    assert comparability_tags(full, _module(relabelled))["cxrlt.val_fingerprint"] != fingerprint

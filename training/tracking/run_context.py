@@ -10,6 +10,10 @@ machine's load while it trained.
 - **Source heterogeneity** (``data/heterogeneity.md`` and ``.json``): per source, label composition, native
   resolution, grayscale mean and SD, view shares (:mod:`training.data.heterogeneity`; ``+heterogeneity.sample=N``
   sets how many images per source are decoded, 500 by default).
+- **Comparability** (tags ``cxrlt.val_fingerprint``, ``cxrlt.debug``): a content hash of the validation rows the
+  run was judged on (image ids and labels, after any subset cut) and whether it trained on a debug preset's
+  subset (``data.debug_size``, configs/debug/), so ``make register`` ranks a run only against runs of the same
+  validation set and leaves smoke runs out (docs/tuning-registry-submission.md, Registry).
 - **Description** (``mlflow.note.content``): task, model, loss, sampler, stage and seed in words, the first thing
   the run page shows.
 - **System metrics** (``system/...``: CPU, memory, disk, network; GPU through ``nvidia-ml-py`` when installed),
@@ -19,13 +23,14 @@ machine's load while it trained.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 
 import mlflow.data
 from mlflow.entities import DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from evaluation.tables import headline_view_tag
 from training.data.heterogeneity import measure
@@ -37,6 +42,8 @@ DESCRIPTION_TAG = "mlflow.note.content"
 #: Declares the experiment a model-training one for MLflow's UI and search. MLflow 3.17's UI itself still opens on
 #: whatever its sidebar switch (*GenAI | Model training*) was last set to in the browser; README says how to switch.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+VAL_FINGERPRINT_TAG = "cxrlt.val_fingerprint"
+DEBUG_TAG = "cxrlt.debug"
 
 
 def mark_model_training(client, experiment_id: str, views: dict[str, str] | None = None) -> None:
@@ -74,14 +81,30 @@ def dataset_inputs(datamodule) -> list[DatasetInput]:
     return inputs
 
 
+def split_fingerprint(frame, labels) -> str:
+    """First 12 hex digits of the SHA-256 of a split's image ids and labels, in order: equal exactly when two runs
+    were judged on the same images with the same labels, whatever manifest or training rows surrounded them."""
+    text = frame[["image_id", *labels]].astype(str).to_csv(index=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def comparability_tags(cfg: DictConfig, datamodule) -> dict[str, str]:
+    """What ``make register`` groups runs by: the validation set's fingerprint and whether this is a debug run."""
+    debug = OmegaConf.select(cfg, "data.debug_size", default=None) is not None
+    return {VAL_FINGERPRINT_TAG: split_fingerprint(datamodule.split_frame("val"), datamodule.manifest.labels),
+            DEBUG_TAG: str(debug).lower()}  # fmt: skip
+
+
 def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
-    """Log the datasets, the source heterogeneity report and the description of a new run (a resumed run already
-    has them); mark its experiment."""
+    """Log the datasets, the comparability tags, the source heterogeneity report and the description of a new run
+    (a resumed run already has them); mark its experiment."""
     headline = "test_unseen" if cfg.task.get("unseen") else "test"  # a zero-shot task is judged on its unseen classes
     view = headline_view_tag(str(cfg.checkpoint.monitor), headline, descending=cfg.checkpoint.mode == "max")
     mark_model_training(client, client.get_run(run_id).info.experiment_id, view)
     client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
     client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
+    for key, value in comparability_tags(cfg, datamodule).items():
+        client.set_tag(run_id, key, value)
     manifest = datamodule.manifest
     # a new run reads only the sample's headers: every header of a 143k-image release would delay each start
     settings = {"resolution_from": "sample", **(cfg.get("heterogeneity") or {})}
