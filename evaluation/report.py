@@ -15,6 +15,7 @@ import numpy as np
 from markdown_it import MarkdownIt
 
 from evaluation.groups import GROUPS
+from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.metric_registry import SUITE
 from evaluation.suite import DROPPED_SUFFIX
 
@@ -86,11 +87,26 @@ def interval_notes(evaluation) -> list[str]:
     return notes
 
 
+def left_out_notes(evaluation) -> list[str]:
+    """The "n classes left out" line of every metric set that leaves a class out (:mod:`evaluation.intervals`)."""
+    notes = []
+    for prefix, metric_set in evaluation.sets.items():
+        note = left_out_note(evaluation.metrics, prefix, getattr(metric_set.result, "n_boot", None))
+        if note:
+            notes.append(note)
+    return notes
+
+
 def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = None) -> list[str]:
     """The few numbers a user wants in the terminal when a run ends: the test set's whole ranking chain with
     intervals, groups, TTA, perturbed, the held-out subset and the unseen classes of a zero-shot run."""
     lines = [f"test ({chain_header()}): {chain_summary(metrics, 'test')}"
              + f" (prevalence baseline mAP {metrics.get('test/prevalence_baseline_mAP', float('nan')):.3f})"]  # fmt: skip
+    if any(f"test/{name}_ci_low" in metrics for name in ranking_chain()):  # what the brackets mean, where shown
+        lines.append(CI_RULE)
+    note = left_out_note(metrics, "test")
+    if note:
+        lines.append(note)
     groups = [f"{g} {metrics[f'test/group/{g}/mAP']:.3f}" for g in GROUPS if f"test/group/{g}/mAP" in metrics]
     if groups:
         lines.append("mAP by group: " + " / ".join(groups))
@@ -163,8 +179,9 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     m = evaluation.metrics
     sets = list(evaluation.sets)
     lines = ["# Evaluation report", ""]
-    lines += [f"Test images: {len(evaluation.predictions['test'])}. Values are point estimates with 95% bootstrap CIs "
-              "(1,000 case-level resamples unless configured otherwise).", ""]  # fmt: skip
+    n_boot = getattr(evaluation.sets["test"].result, "n_boot", 0) if "test" in evaluation.sets else 0
+    lines += [f"Test images: {len(evaluation.predictions['test'])}. Values are point estimates; {CI_RULE}, "
+              f"{n_boot} resamples here.", ""]  # fmt: skip
     baseline = m.get("test/prevalence_baseline_mAP")
     if baseline is not None:
         lines += [f"Prevalence baseline (constant predictor) mAP: {baseline:.4f}.", ""]
@@ -177,7 +194,7 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         lines.append(f"| {rank} | {metric} | " + " | ".join(_ci(m, f"{s}/{metric}") for s in sets) + " |")
     if "test_perturbed/delta/mAP" in m:
         lines += ["", f"Perturbed minus original mAP: {m['test_perturbed/delta/mAP']:+.4f}."]
-    notes = interval_notes(evaluation)
+    notes = [f"{note}." for note in left_out_notes(evaluation)] + interval_notes(evaluation)
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
     lines += _calibration_section(evaluation)

@@ -39,6 +39,7 @@ VALTHR_METRICS = tuple(m.key for m in SUITE.per_class(val_thresholds=True) if m.
 #: mAP for the no-positive rule every per-class metric shares, mAUROC for its no-positive-or-no-negative rule.
 DROP_COUNTED = ("mAP", "mAUROC")
 DROPPED_SUFFIX = "_resamples_dropping_a_class"
+LEFT_OUT_SUFFIX = "_classes_left_out"  # classes the full set defines no value for: out of the point estimate
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,8 @@ def compute_suite(
             metrics[f"{name}_ci_low"], metrics[f"{name}_ci_high"] = low, high
             if name in DROP_COUNTED:
                 metrics[f"{name}{DROPPED_SUFFIX}"] = result.resamples_dropping_a_class(key)
+        if name in DROP_COUNTED:  # the classes the point estimate itself leaves out (evaluation.intervals)
+            metrics[f"{name}{LEFT_OUT_SUFFIX}"] = int(np.isnan(result.per_class[key]).sum())
     for name, values in pooled_point.items():
         metrics[name] = float(values[0])
         if n_boot:
