@@ -72,9 +72,8 @@ optuna-dashboard: setup ## Optuna's dashboard on the study storage, http://127.0
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
 	$(PY) -m apps.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN)) $(ARGS)
 
-serve: setup ## Serve the champion over REST on 127.0.0.1:5000: make serve TASK=task1 [PORT=5001] [MODEL=models:/...]
-	MLFLOW_TRACKING_URI="$$($(TRACKING_URI))" PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/mlflow models serve -m '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' \
-		--env-manager local -h 127.0.0.1 -p $(PORT)
+serve: setup ## Serve the champion over REST on 127.0.0.1:5000 (the model checked first): make serve TASK=task1 [PORT=5001] [MODEL=models:/...] [IMAGE_ROOT=<folder requests may name images under; default none, image_b64 only>]
+	$(PY) -m apps.serve --model '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' --port $(PORT) $(if $(IMAGE_ROOT),--image-root '$(IMAGE_ROOT)')
 
 submit: setup ## Validated submission (CSV; ImageCLEF run file for concept tasks): make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv] [THRESHOLDS=global|per_class]
 	$(PY) -m apps.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \

@@ -7,10 +7,19 @@ works without the run's config or data: the network weights (from the run's best
 :func:`training.data.transforms.build_transform`), the label names and the per-class thresholds chosen on the
 run's validation predictions.
 
-Requests are a DataFrame with one image per row, either ``image`` (a file path readable by the server) or
-``image_b64`` (the file's bytes, base64-encoded); the answer has one probability column per label::
+Requests are a DataFrame with one image per row, either ``image_b64`` (the file's bytes, base64-encoded) or
+``image`` (a path on the server); the answer has one probability column per label::
 
-    {"dataframe_split": {"columns": ["image"], "data": [["/data/cxr/0001.png"]]}}
+    {"dataframe_split": {"columns": ["image_b64"], "data": [["iVBORw0KGgo..."]]}}
+
+A path is opened only under the image root the server was started with (``make serve IMAGE_ROOT=<folder>``,
+:data:`apps.serve.IMAGE_ROOT_ENV`, or ``model_config={"image_root": ...}`` when loading the pyfunc in Python): it is
+resolved (links and ``..`` included) and refused outside that folder. Without a root the server opens no file a
+request names, so a model served beyond one's own machine reads only the bytes it is sent.
+
+A request the model cannot read is answered with HTTP 400 and its cause in one line (the row, the column, what is
+wrong): the pyfunc raises MLflow's ``INVALID_PARAMETER_VALUE``, which the scoring server returns as it is, where
+any other exception became a generic "unexpected error" with the cause buried in its stack trace.
 
 A zero-shot run (``task.unseen``, an adapter from ``configs/adapter``) is served with its seen *and* unseen
 classes, the unseen ones scored by the transfer its checkpoint chose on validation; its submissions default to
@@ -25,6 +34,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,10 +45,13 @@ import numpy as np
 import pandas as pd
 import torch
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types.schema import ColSpec, Schema
 from torch import nn
 
+from apps.serve import IMAGE_ROOT_ENV
 from evaluation.tta import TTAPredictor
 from training.checkpoint_io import load_weights_only
 from training.data.images import read_grayscale
@@ -143,36 +156,59 @@ def decode_bytes(data: bytes, size: int, resize: str = "stretch") -> np.ndarray:
         return read_grayscale(path, size, resize)
 
 
-def _from_path(value, size: int, resize: str = "stretch") -> np.ndarray:
-    return read_grayscale(str(value), size, resize)
+def allowed_path(value, root: Path | None) -> Path:
+    """The file a request's ``image`` names, resolved; only under ``root`` (relative paths are taken from it).
+
+    Raises:
+        ValueError: no root was configured, or the resolved path leaves it.
+    """
+    if root is None:
+        raise ValueError(f"this server opens no file a request names; send the image's bytes as 'image_b64', or "
+                         f"start the server with an image root (make serve IMAGE_ROOT=<folder>, {IMAGE_ROOT_ENV})")  # fmt: skip
+    root = Path(root).resolve()
+    path = (root / str(value)).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"{value}: outside the server's image root {root}")
+    return path
 
 
-def _from_b64(value, size: int, resize: str = "stretch") -> np.ndarray:
+def _from_path(value, size: int, resize: str = "stretch", root: Path | None = None) -> np.ndarray:
+    return read_grayscale(allowed_path(value, root), size, resize)
+
+
+def _from_b64(value, size: int, resize: str = "stretch", root: Path | None = None) -> np.ndarray:
     data = value if isinstance(value, bytes | bytearray) else base64.b64decode(str(value))
     return decode_bytes(bytes(data), size, resize)
 
 
-#: Request column -> how its cell becomes an image. The first non-empty column of a row is used.
-REQUEST_COLUMNS: dict[str, Callable[[object, int], np.ndarray]] = {"image": _from_path, "image_b64": _from_b64}
+#: Request column -> how its cell becomes an image (``(cell, size, resize, image root)``). The first non-empty
+#: column of a row is used.
+REQUEST_COLUMNS: dict[str, Callable[..., np.ndarray]] = {"image": _from_path, "image_b64": _from_b64}
 
 
-def decode_request(frame: pd.DataFrame, size: int, resize: str = "stretch") -> np.ndarray:
+def decode_request(frame: pd.DataFrame, size: int, resize: str = "stretch", image_root: Path | None = None
+                   ) -> np.ndarray:  # fmt: skip
     """``(N, size, size)`` uint8 images from a request frame (see module docstring for the columns).
 
+    Args:
+        image_root: the folder ``image`` paths must lie under; None: no path is opened (``image_b64`` only).
+
     Raises:
-        RequestError: a row without an image, an unreadable file, or bytes that are not base64 / an image;
-            the message names the row and column.
+        RequestError: no image column (the columns sent are named), a row without an image, a path outside the
+            image root, an unreadable file, or bytes that are not base64 / an image; the message names the row and
+            column.
     """
     columns = [c for c in REQUEST_COLUMNS if c in frame]
     if not columns:
-        raise RequestError(f"request needs a column {list(REQUEST_COLUMNS)}; got {list(frame.columns)}")
+        raise RequestError(f"request needs a column {' or '.join(repr(c) for c in REQUEST_COLUMNS)}; got "
+                           f"{list(map(str, frame.columns))}")  # fmt: skip
     images = []
     for row, record in enumerate(frame[columns].to_dict("records")):
         column = next((c for c in columns if isinstance(record[c], str | bytes | bytearray) and len(record[c])), None)
         if column is None:
             raise RequestError(f"row {row}: no image; give {' or '.join(repr(c) for c in REQUEST_COLUMNS)}")
         try:
-            images.append(REQUEST_COLUMNS[column](record[column], size, resize))
+            images.append(REQUEST_COLUMNS[column](record[column], size, resize, image_root))
         except (OSError, ValueError, binascii.Error) as error:
             raise RequestError(f"row {row}, column {column!r}: {error}") from error
     return np.stack(images)
@@ -185,17 +221,31 @@ class CXRClassifierModel(mlflow.pyfunc.PythonModel):
         spec = json.loads(Path(context.artifacts["spec"]).read_text())
         state = load_weights_only(context.artifacts["weights"], "the registered model's weights")
         self.scorer = Scorer.from_spec(spec, state)
+        config = getattr(context, "model_config", None) or {}
+        root = os.environ.get(IMAGE_ROOT_ENV) or config.get("image_root")
+        self.image_root = Path(root) if root else None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        """Probabilities ``(N, C)`` as a frame whose columns are the label names."""
-        images = decode_request(pd.DataFrame(model_input), self.scorer.image_size, self.scorer.resize)
+        """Probabilities ``(N, C)`` as a frame whose columns are the label names.
+
+        Raises:
+            MlflowException: ``INVALID_PARAMETER_VALUE`` (HTTP 400 from the server) with the request's problem.
+        """
+        try:
+            images = decode_request(pd.DataFrame(model_input), self.scorer.image_size, self.scorer.resize,
+                                    getattr(self, "image_root", None))  # fmt: skip
+        except RequestError as error:
+            raise MlflowException(str(error), error_code=INVALID_PARAMETER_VALUE) from error
         return pd.DataFrame(self.scorer.predict_images(images), columns=self.scorer.labels)
 
 
 def signature(labels: Sequence[str]) -> ModelSignature:
-    """Either request column may be given (both optional); one double per label comes back."""
-    inputs = Schema([ColSpec("string", "image", required=False), ColSpec("string", "image_b64", required=False)])
-    return ModelSignature(inputs=inputs, outputs=Schema([ColSpec("double", name) for name in labels]))
+    """One double per label comes back; the request's columns are the model's to check, not MLflow's.
+
+    An input schema would make MLflow drop every column it does not name before the model sees the request, so a
+    mistyped column was answered ``got []``; without one, :func:`decode_request` names the columns sent.
+    """
+    return ModelSignature(outputs=Schema([ColSpec("double", name) for name in labels]))
 
 
 def example_request(size: int) -> pd.DataFrame:

@@ -210,7 +210,8 @@ def test_make_serve_scores_an_image_like_the_submission(study, champion, submiss
     port = free_port()
     # The command a user types (the Makefile once broke while a test calling mlflow directly passed).
     server = subprocess.Popen(
-        ["make", "--no-print-directory", "-C", str(PROJECT_ROOT), "serve", "TASK=task1", f"PORT={port}"],
+        ["make", "--no-print-directory", "-C", str(PROJECT_ROOT), "serve", "TASK=task1", f"PORT={port}",
+         f"IMAGE_ROOT={manifest_path.parent}"],  # paths are read only under the root the server is given
         env=study["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

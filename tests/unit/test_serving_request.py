@@ -24,7 +24,7 @@ def png(tmp_path):
 def test_path_and_base64_give_the_training_decoding(png):
     b64 = base64.b64encode(png.read_bytes()).decode()
     frame = pd.DataFrame({"image": [str(png), None], "image_b64": [None, b64]})
-    images = decode_request(frame, 32)
+    images = decode_request(frame, 32, image_root=png.parent)
     expected = read_grayscale(png, 32)
     assert images.shape == (2, 32, 32) and images.dtype == np.uint8
     assert np.array_equal(images[0], expected) and np.array_equal(images[1], expected)
@@ -38,7 +38,7 @@ def test_raw_bytes_are_accepted(png):
 @pytest.mark.parametrize(
     ("frame", "message"),
     [
-        (pd.DataFrame({"file": ["a.png"]}), "needs a column"),
+        (pd.DataFrame({"file": ["a.png"]}), r"needs a column 'image' or 'image_b64'; got \['file'\]"),
         (pd.DataFrame({"image": ["a.png", None]}), "row 0, column 'image'"),
         (pd.DataFrame({"image_b64": [base64.b64encode(b"not an image").decode()]}), "row 0, column 'image_b64'"),
     ],
@@ -46,12 +46,31 @@ def test_raw_bytes_are_accepted(png):
 def test_bad_requests_name_row_and_column(frame, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RequestError, match=message):
-        decode_request(frame, 16)
+        decode_request(frame, 16, image_root=tmp_path)
 
 
 def test_a_row_without_any_image_is_named(png):
     with pytest.raises(RequestError, match="row 1: no image"):
-        decode_request(pd.DataFrame({"image": [str(png), ""]}), 16)
+        decode_request(pd.DataFrame({"image": [str(png), ""]}), 16, image_root=png.parent)
+
+
+def test_no_path_is_opened_without_an_image_root(png):
+    """By default only the bytes sent are read: a path names a file of the server, which a client must not pick."""
+    with pytest.raises(RequestError, match=r"row 0, column 'image': this server opens no file a request names; "
+                                           r"send the image's bytes as 'image_b64'"):  # fmt: skip
+        decode_request(pd.DataFrame({"image": [str(png)]}), 16)
+
+
+def test_paths_are_read_only_under_the_image_root(png, tmp_path):
+    root = tmp_path / "served"
+    root.mkdir()
+    (root / "in.png").write_bytes(png.read_bytes())
+    (root / "link.png").symlink_to(png)  # a link inside the root to a file outside it
+    assert np.array_equal(decode_request(pd.DataFrame({"image": ["in.png"]}), 16, image_root=root)[0],
+                          read_grayscale(png, 16))  # relative to the root  # fmt: skip
+    for named in ("../x.png", str(png), "link.png"):
+        with pytest.raises(RequestError, match=r"row 0, column 'image': .* outside the server's image root"):
+            decode_request(pd.DataFrame({"image": [named]}), 16, image_root=root)
 
 
 def test_serving_uses_the_runs_resize_mode(tmp_path):
@@ -61,11 +80,11 @@ def test_serving_uses_the_runs_resize_mode(tmp_path):
     cv2.imwrite(str(path), wide)
     encoded = base64.b64encode(path.read_bytes()).decode()
     frame = pd.DataFrame({"image": [str(path), None], "image_b64": [None, encoded]})
-    padded = decode_request(frame, 32, "pad")
+    padded = decode_request(frame, 32, "pad", tmp_path)
     expected = read_grayscale(path, 32, "pad")
     assert np.array_equal(padded[0], expected) and np.array_equal(padded[1], expected)
     assert (expected[:8] == 0).all()  # the black band the model saw in training
-    assert not np.array_equal(decode_request(frame, 32, "stretch")[0], expected)
+    assert not np.array_equal(decode_request(frame, 32, "stretch", tmp_path)[0], expected)
 
 
 def test_registered_spec_round_trip_keeps_geometry_thresholds_and_outputs():

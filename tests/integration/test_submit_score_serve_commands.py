@@ -1,0 +1,105 @@
+"""``make submit``, ``make score`` and ``make serve`` as typed: the loop closes, and a missing input is one line.
+
+The model is a fabricated FINISHED smoke run (:func:`tests.finished_runs.fabricate_finished_run`: untrained
+weights, no training), which is all submitting and scoring need.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from apps import serve, submit
+from tests.conftest import PROJECT_ROOT
+from tests.finished_runs import fabricate_finished_run
+
+
+def make(*arguments: str, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "-C", str(PROJECT_ROOT), *arguments], env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def store_env(tmp_path: Path) -> dict:
+    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONUNBUFFERED": "1",
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
+
+
+def one_error(done: subprocess.CompletedProcess) -> str:
+    """The ``error:`` line of a refused command, checked to be its whole report (no traceback)."""
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    return line
+
+
+def test_make_serve_without_a_store_is_one_line_and_creates_nothing(tmp_path):
+    done = make("serve", "PORT=1", env=store_env(tmp_path), timeout=120)
+    assert one_error(done) == (f"error: no MLflow store at {tmp_path}/mlflow.db (sqlite:///{tmp_path}/mlflow.db), so "
+                               "no models:/cxrlt-task1@champion to serve: train and `make register` first, or set "
+                               "MLFLOW_TRACKING_URI to the store that holds it")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []  # no empty mlflow.db left behind
+
+
+def reported(main, argv: list[str], capsys) -> str:
+    """The one ``error:`` line an entry point's ``main`` ends with (in process: what ``make`` runs, minus startup)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 1
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    return line
+
+
+def test_serving_an_unregistered_model_is_one_line(tmp_path, monkeypatch, capsys):
+    env = store_env(tmp_path)
+    MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # a store without any registered model
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    assert reported(serve.main, [], capsys).startswith(
+        f"error: models:/cxrlt-task1@champion: not in the store sqlite:///{tmp_path}/mlflow.db (Registered Model "
+        "with name=cxrlt-task1 not found); `make register"
+    )
+    assert reported(serve.main, ["--image-root", f"{tmp_path}/nowhere"], capsys) == (
+        f"error: --image-root {tmp_path}/nowhere: no such folder"
+    )
+
+
+MISSING_TEMPLATE = ("error: --template organisers.csv: no such file (the organisers' template comes with their test "
+                    "images; without TEMPLATE the test split of the model's data is submitted)")  # fmt: skip
+
+
+def test_a_missing_template_is_one_line_before_any_model_is_loaded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    out = tmp_path / "s.csv"
+    assert reported(submit.main, ["--template", "organisers.csv", "--out", str(out)], capsys) == MISSING_TEMPLATE
+    assert list(tmp_path.iterdir()) == []  # no submission, and no store opened
+
+
+@pytest.mark.slow
+def test_make_submit_with_a_missing_template_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "s.csv"
+    done = make("submit", "TEMPLATE=organisers.csv", f"OUT={out}", env=store_env(tmp_path))
+    assert one_error(done) == MISSING_TEMPLATE
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_make_score_scores_what_make_submit_wrote(tmp_path):
+    """The README's loop: the submission file, as written, is scored against the split it predicted."""
+    _, run_id, _ = fabricate_finished_run(tmp_path)
+    env = store_env(tmp_path)
+    out = tmp_path / "submission.csv"
+    submitted = make("submit", f"MODEL={run_id}", f"OUT={out}", env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert out.read_text().startswith("ImageID,alveolar pattern,")  # the organisers' spelling, not the platform's
+    (hint,) = [line for line in submitted.stderr.splitlines() if line.startswith("score it: make score ")]
+    (manifest,) = (tmp_path / "synthetic").glob("*/manifest.csv")
+    assert hint == f"score it: make score TASK=task1 PREDICTIONS={out} MANIFEST={manifest} SPLIT=test"
+    scored = make("score", f"PREDICTIONS={out}", f"MANIFEST={manifest}", env=env)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    lines = scored.stdout.splitlines()
+    assert lines[0] == f"{out} on {manifest} [test], 160 images, 95% bootstrap CIs"
+    (row,) = [line.split() for line in lines if line.split()[:2] == ["1.", "mAP"]]
+    assert 0 < float(row[2]) < 1
