@@ -145,6 +145,7 @@ bench: setup ## Benchmarks, printing ratios measured side by side in one run (be
 	$(PY) tests/bench/bench_metrics.py
 	$(PY) tests/bench/bench_loader.py
 	$(PY) tests/bench/bench_gpu.py
+	$(PY) tests/bench/bench_cli.py
 
 clean: ## Remove generated data, working checkpoints and caches (keeps the MLflow store and .venv)
 	rm -rf data/synthetic mlruns/checkpoints .pytest_cache .ruff_cache

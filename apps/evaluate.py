@@ -1,23 +1,24 @@
-"""Entry point of ``make evaluate RUN=<run id>``: re-run the test phase of a finished run, into that run."""
+"""Entry point of ``make evaluate RUN=<run id>``: re-run the test phase of a finished run, into that run.
+
+The run is looked up in the tracking store before the model stack (torch, Lightning, the data pipeline) is
+imported: a mistyped or unfinished run is refused in the seconds the store takes to answer.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import hydra
-import torch
-from mlflow import MlflowClient
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from evaluation.report import summary_lines
-from evaluation.test_phase import run_test_phase
 from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
-from training.pipeline import build_datamodule
-from training.runs import ModelNotFound, load_finished
-from training.targets import UnsafeConfig
-from training.tracking.tracked_run import TrackedRun
+from training.run_refs import finished_run
 from training.tracking.uri import resolve_tracking_uri, tracking_client
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,14 @@ def evaluate_run(
     evaluation and TTA settings come from the command line. A zero-shot run gets its unseen-class report again
     too, with the transfer its checkpoint chose on validation.
     """
+    import torch
+    from omegaconf import OmegaConf
+
+    from evaluation.test_phase import run_test_phase
+    from training.pipeline import build_datamodule
+    from training.runs import load_finished
+    from training.tracking.tracked_run import TrackedRun
+
     finished = load_finished(run_id, client)
     cfg = finished.config
     cfg.evaluation, cfg.tta = evaluation_cfg, tta_cfg
@@ -45,11 +54,15 @@ def evaluate_run(
 
 
 @hydra.main(config_path=str(CONFIGS), config_name="evaluate", version_base="1.3")
-@hydra_user_errors(UnsafeConfig, ModelNotFound)  # a refused stored config or an unknown run: the message says all
+@hydra_user_errors()  # a refused stored config (UnsafeConfig) or an unknown run (ModelNotFound): UserErrors
 def main(cfg: DictConfig) -> None:
+    reference = str(cfg.run)  # `run=???` (no RUN given) is refused here, before MLflow is imported
     client = tracking_client(resolve_tracking_uri(cfg.get("tracking_uri")))
-    metrics = evaluate_run(str(cfg.run), cfg.evaluation, cfg.tta, client)
-    log.info("run %s re-evaluated:\n  %s", cfg.run, "\n  ".join(summary_lines(metrics, metrics)))
+    finished_run(reference, client)  # an unknown or unfinished run, before the model stack is imported
+    from evaluation.report import summary_lines
+
+    metrics = evaluate_run(reference, cfg.evaluation, cfg.tta, client)
+    log.info("run %s re-evaluated:\n  %s", reference, "\n  ".join(summary_lines(metrics, metrics)))
 
 
 if __name__ == "__main__":

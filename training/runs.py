@@ -18,7 +18,6 @@ runs").
 from __future__ import annotations
 
 import hashlib
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +34,16 @@ from evaluation.thresholds import select_thresholds
 from training.checkpoint_io import load_weights_only
 from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
-from training.errors import UserError
 from training.models.factory import build_model
 from training.models.module import MultiLabelClassifier
+from training.run_refs import (  # re-exported: resolved without torch, so a command refuses a bad reference fast
+    MODEL_URI,  # noqa: F401
+    ModelNotFound,
+    RunNotFinished,  # noqa: F401
+    finished_run,
+    parse_reference,  # noqa: F401
+    resolve_run,  # noqa: F401
+)
 from training.targets import check_targets
 from training.tracking.artifacts import download
 from training.tracking.redaction import redact
@@ -46,15 +52,6 @@ from training.tracking.uri import tracking_client
 CONFIG = "config.yaml"
 CHECKPOINT = "checkpoints/best.ckpt"
 VAL_PREDICTIONS = "predictions/val.csv"
-MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
-
-
-class ModelNotFound(UserError, LookupError):
-    """The named run, model version or one of its artifacts does not exist in the tracking store."""
-
-
-class RunNotFinished(UserError, ValueError):
-    """The run is still running, failed or was killed: it has no tested best checkpoint to load."""
 
 
 class SeenAndUnseen(nn.Module):
@@ -152,36 +149,6 @@ def _network(model_cfg, loss_cfg, labels, adapter_cfg, unseen) -> MultiLabelClas
     return build_model(model_cfg, loss_cfg, labels, adapter_cfg or None, unseen)
 
 
-def parse_reference(reference: str) -> tuple[str, str | None]:
-    """``(kind, value)``: ``("registered", uri)`` for ``models:/...``, else ``("run", run id)``."""
-    reference = reference.strip()
-    if reference.startswith("models:/"):
-        if not MODEL_URI.match(reference):
-            raise ValueError(f"{reference!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
-        return "registered", reference
-    if reference.startswith("runs:/"):
-        return "run", reference.removeprefix("runs:/").strip("/").split("/")[0]
-    return "run", reference.removeprefix("run:")
-
-
-def resolve_run(reference: str, client: MlflowClient) -> tuple[str, str | None]:
-    """``(run id, registered version or None)`` of a model reference (see the module docstring)."""
-    kind, value = parse_reference(reference)
-    if kind == "run":
-        return value, None
-    match = MODEL_URI.match(value)
-    try:
-        if match["alias"]:
-            version = client.get_model_version_by_alias(match["name"], match["alias"])
-        else:
-            version = client.get_model_version(match["name"], match["version"])
-    except MlflowException as error:
-        raise ModelNotFound(f"{reference}: no such registered model version in {client.tracking_uri}") from error
-    if not version.run_id:
-        raise ModelNotFound(f"{reference} (version {version.version}) was not logged from a run; nothing to load")
-    return version.run_id, str(version.version)
-
-
 def load_finished(reference: str, client: MlflowClient | None = None) -> FinishedModel:
     """Load a finished run or registered model version (see the module docstring).
 
@@ -191,13 +158,8 @@ def load_finished(reference: str, client: MlflowClient | None = None) -> Finishe
         UnsafeConfig: the stored config names a class outside the allowed ones.
     """
     client = client or tracking_client()
-    run_id, version = resolve_run(reference, client)
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as error:
-        raise ModelNotFound(f"no run {run_id!r} in the tracking store {client.tracking_uri}") from error
-    if run.info.status != "FINISHED":
-        raise RunNotFinished(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
+    run, version = finished_run(reference, client)
+    run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = read_config(client, run_id, tmp)

@@ -5,6 +5,9 @@ shared runner (:mod:`apps.benchmarks.framework.runner`), prints the report and l
 ``benchmark-<name>`` (:mod:`apps.benchmarks.framework.tracking`). A mistyped name, version, data root or model is
 one line on stderr and exit status 2, never a traceback.
 
+Listing, an unknown name and a missing MODEL or DATA_ROOT are answered from the protocols' YAML alone; the
+protocol's module, the runner, the models and MLflow are imported only once the arguments are complete.
+
     python -m apps.benchmarks.cli --name pneumonia --model clip:ViT-B-32 --data-root ../shared/data/kermany-dev
 """
 
@@ -16,16 +19,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from apps.benchmarks.framework.catalog import CONFIG_DIR, available, load_protocol
-from apps.benchmarks.framework.embeddings import DEFAULT_CACHE_DIR
+from apps.benchmarks.framework.options import DEFAULT_ARTIFACT_ROOT, add_run_options
 from apps.benchmarks.framework.protocol import BadInput
-from apps.benchmarks.framework.report import render_report
-from apps.benchmarks.framework.runner import BenchmarkResult, draw_subsets, load_model, run_benchmark
-from apps.benchmarks.framework.tracking import experiment_id, log_run
-from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
+from training.tracking.uri import resolve_tracking_uri
 
-DEFAULT_ARTIFACT_ROOT = "mlruns/artifacts"
+if TYPE_CHECKING:
+    from apps.benchmarks.framework.runner import BenchmarkResult
+
 USAGE = ("make benchmark NAME=<name> MODEL=<run id | models:/<name>@<alias> | models:/<name>/<version> | "
          "clip:<open_clip model>[:<pretrained>]> DATA_ROOT=<folder> [VERSION=<version>] [ARGS=...]")  # fmt: skip
 
@@ -39,18 +42,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_options(parser)
     parser.add_argument("--experiment", default=None, help="default: benchmark-<name>")
     return parser.parse_args(argv)
-
-
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """How a benchmark is run and where it is logged: shared by ``make benchmark`` and ``make card``, so the two
-    run a protocol the same way."""
-    parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (the protocols': 1000)")
-    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="embedding cache folder")
-    parser.add_argument("--no-cache", action="store_true", help="encode again and store nothing")
-    parser.add_argument("--tracking-uri", default=None, help=f"default: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}")
-    parser.add_argument("--artifact-root", default=DEFAULT_ARTIFACT_ROOT, help="artifacts of a new local experiment")
-    parser.add_argument("--config-dir", default=str(CONFIG_DIR), help="folder of the protocol YAML files")
 
 
 def listing(folder: str) -> str:
@@ -67,11 +58,13 @@ def run(args: argparse.Namespace) -> None:
     """Draw, load, run, then log and print: everything is computed before the MLflow run is created."""
     uri = args.tracking_uri or resolve_tracking_uri()
     started = time.perf_counter()
-    protocol = load_protocol(args.name, args.config_dir)
     missing = [flag for flag, value in (("MODEL (--model)", args.model), ("DATA_ROOT (--data-root)", args.data_root))
                if not value]  # fmt: skip
-    if missing:
+    if missing and args.name in available(args.config_dir):  # from the YAML: before the protocol's module loads
         raise BadInput(f"benchmark {args.name} needs {' and '.join(missing)}; usage: {USAGE}")
+    protocol = load_protocol(args.name, args.config_dir)  # an unknown name is refused before anything is imported
+    from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+
     draw = draw_subsets(protocol, args.data_root, args.version)
     encoder = load_model(protocol, args.model, uri)
     result = run_benchmark(
@@ -88,6 +81,10 @@ def record(result: BenchmarkResult, model: str, data_root: str, uri: str, artifa
     """The report of ``result`` and its MLflow run in ``experiment`` (default ``benchmark-<name>``), exactly as
     ``make benchmark`` logs it, so ``make card`` records each benchmark the same way; returns (report, run id,
     experiment)."""
+    from apps.benchmarks.framework.report import render_report
+    from apps.benchmarks.framework.tracking import experiment_id, log_run
+    from training.tracking.uri import tracking_client
+
     report = render_report(result)
     client = tracking_client(uri)
     experiment = experiment or f"benchmark-{result.protocol.name}"

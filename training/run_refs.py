@@ -1,0 +1,81 @@
+"""Which finished run a model reference names, answered before any model code loads.
+
+A command that takes a run (``make evaluate RUN=<id>``, ``make register``, ``make submit MODEL=...``, ``make card``)
+checks it first, so a mistyped id is refused in the seconds the tracking store takes to answer, not after torch
+and Lightning were imported (:mod:`training.runs` rebuilds the network afterwards). References are
+
+- ``<run id>`` (also ``run:<id>`` or ``runs:/<id>[/...]``): a finished run of this platform;
+- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from training.errors import UserError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
+
+
+class ModelNotFound(UserError, LookupError):
+    """The named run, model version or one of its artifacts does not exist in the tracking store."""
+
+
+class RunNotFinished(UserError, ValueError):
+    """The run is still running, failed or was killed: it has no tested best checkpoint to load."""
+
+
+def parse_reference(reference: str) -> tuple[str, str | None]:
+    """``(kind, value)``: ``("registered", uri)`` for ``models:/...``, else ``("run", run id)``."""
+    reference = reference.strip()
+    if reference.startswith("models:/"):
+        if not MODEL_URI.match(reference):
+            raise ValueError(f"{reference!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+        return "registered", reference
+    if reference.startswith("runs:/"):
+        return "run", reference.removeprefix("runs:/").strip("/").split("/")[0]
+    return "run", reference.removeprefix("run:")
+
+
+def resolve_run(reference: str, client: MlflowClient) -> tuple[str, str | None]:
+    """``(run id, registered version or None)`` of a model reference (see the module docstring)."""
+    from mlflow.exceptions import MlflowException
+
+    kind, value = parse_reference(reference)
+    if kind == "run":
+        return value, None
+    match = MODEL_URI.match(value)
+    try:
+        if match["alias"]:
+            version = client.get_model_version_by_alias(match["name"], match["alias"])
+        else:
+            version = client.get_model_version(match["name"], match["version"])
+    except MlflowException as error:
+        raise ModelNotFound(f"{reference}: no such registered model version in {client.tracking_uri}") from error
+    if not version.run_id:
+        raise ModelNotFound(f"{reference} (version {version.version}) was not logged from a run; nothing to load")
+    return version.run_id, str(version.version)
+
+
+def finished_run(reference: str, client: MlflowClient) -> tuple[Run, str | None]:
+    """``(run, registered version or None)`` of a reference to a FINISHED run.
+
+    Raises:
+        ModelNotFound: no such run or registered version.
+        RunNotFinished: the run is not FINISHED (only a finished run has a tested best checkpoint).
+    """
+    from mlflow.exceptions import MlflowException
+
+    run_id, version = resolve_run(reference, client)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as error:
+        raise ModelNotFound(f"no run {run_id!r} in the tracking store {client.tracking_uri}") from error
+    if run.info.status != "FINISHED":
+        raise RunNotFinished(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
+    return run, version
