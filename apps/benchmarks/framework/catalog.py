@@ -13,10 +13,10 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from apps.benchmarks.framework.options import CONFIG_DIR
 from apps.benchmarks.framework.protocol import BadInput, Protocol
-from training.config_files import config_file
 
-CONFIG_DIR = config_file("benchmark")
+__all__ = ["CONFIG_DIR", "available", "load_protocol"]
 
 
 def available(folder: str | Path = CONFIG_DIR) -> dict[str, str]:

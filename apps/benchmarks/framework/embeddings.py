@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 
 from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
+from apps.benchmarks.framework.options import DEFAULT_CACHE_DIR
 from training.data.images import read_grayscale
 
-DEFAULT_CACHE_DIR = "data/cache/benchmarks"
+__all__ = ["DEFAULT_CACHE_DIR", "cache_key", "encode_subset", "encode_table", "read_images", "targets_key"]
 
 
 def targets_key(targets: Sequence[Target]) -> str:
