@@ -9,8 +9,15 @@ the shared runner (``make card`` is ``make benchmark`` once per plug-in, then th
 - ``n/a``: the model cannot take that method (no mapped classifier output, no text tower), with what was looked for;
 - ``not run``: no data configured, a folder missing on disk, or data the protocol cannot read, with the reason.
 
+A result below its floor (a value under any of its floors: the model does worse than the centre prior, the
+majority class, chance) is flagged in every rendering: ``below floor: <label>`` in the value cell, the
+``below_floor`` column of ``card.csv`` and a red row of the HTML. Every headline metric of the card is higher-is-
+better. A CXR-LT row also carries its run's caveats (``run_metrics[].caveats``: a flag the run logged as 1, such as
+``heldout/trained_on``, and what it means), so the held-out row keeps "the model saw these cases in training".
+
 Values read back from a run (its metrics, its labels inside a reason) are untrusted: non-finite numbers are shown
-as ``n/a`` and text is escaped for the markdown and HTML tables.
+as ``n/a`` and text is escaped for the markdown and HTML tables (``|``, and ``<`` / ``>``, which a markdown
+renderer would take for HTML and drop).
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from apps.benchmarks.framework.protocol import BadInput, Protocol
 from training.config_files import config_file
 
 DEFAULT_CARD = config_file("card.yaml")
-COLUMNS = ["benchmark", "protocol", "method", "metric", "value", "ci_low", "ci_high", "floor", "status", "note"]
-"""Columns of ``card.csv``; ``status`` is ``ok``, ``n/a`` or ``not run``."""
+COLUMNS = ["benchmark", "protocol", "method", "metric", "value", "ci_low", "ci_high", "floor", "below_floor", "status",
+           "note"]  # fmt: skip
+"""Columns of ``card.csv``; ``status`` is ``ok``, ``n/a`` or ``not run``; ``below_floor`` names the floors above the
+value (empty when none)."""
 
 
 def missing_outputs(encoder: Encoder) -> str | None:
@@ -74,12 +83,13 @@ class Entry:
 
 @dataclass(frozen=True)
 class RunMetric:
-    """One of the model's own results read from its run: the metric key, the row's label and its floors (label ->
-    metric key of the run)."""
+    """One of the model's own results read from its run: the metric key, the row's label, its floors (label ->
+    metric key of the run) and its caveats (metric key of a flag the run logs as 1 -> what the reader must know)."""
 
     key: str
     label: str
     floor: dict[str, str] = field(default_factory=dict)
+    caveats: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,15 +115,18 @@ class Row:
     floor: str = ""
     status: str = "ok"
     note: str = ""
+    below_floor: str = ""
 
 
 @dataclass
 class CardResult:
-    """The rows, the model they describe and the benchmark runs behind them (name -> MLflow run id)."""
+    """The rows, the model they describe and the benchmark runs behind them (name -> MLflow run id, name ->
+    experiment)."""
 
     model: str
     rows: list[Row]
     runs: dict[str, str] = field(default_factory=dict)
+    experiments: dict[str, str] = field(default_factory=dict)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([vars(row) for row in self.rows], columns=COLUMNS)
@@ -191,12 +204,13 @@ def _known(keys: Mapping) -> str:
 
 def _run_metric(path: Path, index: int, row: object) -> RunMetric:
     floor = row.get("floor") or {} if isinstance(row, dict) else None
+    caveats = row.get("caveats") or {} if isinstance(row, dict) else None
     if not (isinstance(row, dict) and isinstance(row.get("key"), str) and isinstance(row.get("label"), str)
-            and isinstance(floor, dict) and all(isinstance(key, str) for key in floor.values())):  # fmt: skip
-        raise _field(
-            path, f"run_metrics[{index}]", "expected {key: <metric key>, label: <text>, floor: {<label>: <key>}}"
-        )
-    return RunMetric(row["key"], row["label"], dict(floor))
+            and isinstance(floor, dict) and all(isinstance(key, str) for key in floor.values())
+            and isinstance(caveats, dict) and all(isinstance(text, str) for text in caveats.values())):  # fmt: skip
+        raise _field(path, f"run_metrics[{index}]", "expected {key: <metric key>, label: <text>, floor: {<label>: "
+                     "<key>}, caveats: {<flag key>: <text>}}")  # fmt: skip
+    return RunMetric(row["key"], row["label"], dict(floor), {str(k): v for k, v in caveats.items()})
 
 
 def data_problem(entry: Entry, card: Path) -> str | None:
@@ -232,7 +246,9 @@ def result_rows(entry: Entry, table: pd.DataFrame, protocol: str, reasons: Mappi
     """The entry's rows from a benchmark's table (``runner.TABLE_COLUMNS``): each method's headline value and
     interval, the floor beside it; a method the model cannot take, or without a value, is ``n/a`` with why."""
     cells = table.set_index(["protocol", "metric"])
-    floor = "; ".join(_floor(label, source, cells, entry.metric) for label, source in entry.floor.items())
+    floors = {label: float(source) if isinstance(source, int | float) else _cell(cells, source, entry.metric)[0]
+              for label, source in entry.floor.items()}  # fmt: skip
+    floor = floor_cell(floors)
     rows = []
     for method in entry.methods:
         if method in reasons:
@@ -245,7 +261,8 @@ def result_rows(entry: Entry, table: pd.DataFrame, protocol: str, reasons: Mappi
             why = f"no value on these items (the report table.md of benchmark run {run_id} says why)"
             rows.append(Row(entry.name, protocol, method, entry.metric, floor=floor, status="n/a", note=why))
             continue
-        rows.append(Row(entry.name, protocol, method, entry.metric, value, low, high, floor))
+        rows.append(Row(entry.name, protocol, method, entry.metric, value, low, high, floor,
+                        below_floor=below(value, floors)))  # fmt: skip
     return rows
 
 
@@ -256,9 +273,16 @@ def _cell(cells: pd.DataFrame, method: str, metric: str) -> tuple[float, float, 
     return float(row["value"]), float(row["ci_low"]), float(row["ci_high"])
 
 
-def _floor(label: str, source: str | float, cells: pd.DataFrame, metric: str) -> str:
-    value = float(source) if isinstance(source, int | float) else _cell(cells, source, metric)[0]
-    return f"{label} {value:.3f}" if math.isfinite(value) else f"{label} n/a"
+def floor_cell(floors: Mapping[str, float]) -> str:
+    return "; ".join(f"{label} {value:.3f}" if math.isfinite(value) else f"{label} n/a"
+                     for label, value in floors.items())  # fmt: skip
+
+
+def below(value: float, floors: Mapping[str, float]) -> str:
+    """The floors ``value`` falls short of, joined (higher-is-better headline metrics); empty when none or NaN."""
+    if not math.isfinite(value):
+        return ""
+    return "; ".join(label for label, floor in floors.items() if math.isfinite(floor) and value < floor)
 
 
 def run_metric_rows(specs: tuple[RunMetric, ...], metrics: Mapping[str, float], task: str) -> list[Row]:
@@ -268,12 +292,15 @@ def run_metric_rows(specs: tuple[RunMetric, ...], metrics: Mapping[str, float], 
         if spec.key not in metrics:
             continue
         floors = {label: _number(metrics.get(key)) for label, key in spec.floor.items()}
-        floor = "; ".join(f"{label} {value:.3f}" for label, value in floors.items() if math.isfinite(value))
+        floors = {label: value for label, value in floors.items() if math.isfinite(value)}
         value = _number(metrics[spec.key])
         low, high = _number(metrics.get(f"{spec.key}_ci_low")), _number(metrics.get(f"{spec.key}_ci_high"))
         status = "ok" if math.isfinite(value) else "n/a"
-        rows.append(Row(f"CXR-LT {task}", f"the run's {spec.label}", "model", spec.key, value, low, high, floor,
-                        status, "" if status == "ok" else f"the run logged a non-finite {spec.key}"))  # fmt: skip
+        notes = [text for flag, text in spec.caveats.items() if _number(metrics.get(flag)) == 1]
+        if status != "ok":
+            notes.insert(0, f"the run logged a non-finite {spec.key}")
+        rows.append(Row(f"CXR-LT {task}", f"the run's {spec.label}", "model", spec.key, value, low, high,
+                        floor_cell(floors), status, "; ".join(notes), below(value, floors)))  # fmt: skip
     return rows
 
 
@@ -287,15 +314,20 @@ def _number(value: object) -> float:
 
 
 def value_cell(row: Row, digits: int = 3) -> str:
+    """The value with its interval, and ``below floor: <labels>`` when it falls short of a floor."""
     if row.status != "ok":
         return row.status
+    text = f"{row.value:.{digits}f}"
     if math.isfinite(row.ci_low) and math.isfinite(row.ci_high):
-        return f"{row.value:.{digits}f} [{row.ci_low:.{digits}f}, {row.ci_high:.{digits}f}]"
-    return f"{row.value:.{digits}f}"
+        text += f" [{row.ci_low:.{digits}f}, {row.ci_high:.{digits}f}]"
+    return f"{text} below floor: {row.below_floor}" if row.below_floor else text
 
 
 STATUS_CLASS = {"ok": "ok", "n/a": "na", "not run": "not-run"}
-"""Row status -> HTML class (greyed unless ``ok``)."""
+"""Row status -> HTML class (greyed unless ``ok``; a result below its floor is ``below-floor``, red)."""
+MARKDOWN_ESCAPES = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", ">": "&gt;"})
+"""What a markdown table cell must not hold raw: a backslash, the column separator, and angle brackets (a
+renderer takes ``<name>`` for an HTML tag and drops it)."""
 HEADER = ("benchmark", "protocol (version)", "method", "headline metric", "value [95% CI]", "floor", "note")
 
 
@@ -304,8 +336,9 @@ def cells(row: Row) -> tuple[str, ...]:
 
 
 def _md(text: str, limit: int | None) -> str:
-    text = " ".join(str(text).split()).replace("\\", "\\\\").replace("|", "\\|")
-    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+    text = " ".join(str(text).split())
+    text = text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+    return text.translate(MARKDOWN_ESCAPES)
 
 
 def render_markdown(result: CardResult, title: str, note_limit: int | None = None) -> str:
@@ -315,25 +348,32 @@ def render_markdown(result: CardResult, title: str, note_limit: int | None = Non
         values = [_md(cell, None) for cell in cells(row)[:-1]] + [_md(row.note, note_limit)]
         lines.append("| " + " | ".join(values) + " |")
     if result.runs:
-        runs = ", ".join(f"{name} `{run_id}`" for name, run_id in result.runs.items())
-        lines += ["", f"Benchmark runs (experiments benchmark-<name>): {runs}."]
+        runs = ", ".join(f"{_md(name, None)} `{run_id}` in `{result.experiments.get(name, 'benchmark-' + name)}`"
+                         for name, run_id in result.runs.items())  # fmt: skip
+        lines += ["", f"Benchmark runs: {runs}."]
     return "\n".join(lines) + "\n"
+
+
+def _html_class(row: Row) -> str:
+    return "below-floor" if row.below_floor else STATUS_CLASS.get(row.status, "na")
 
 
 def render_html(result: CardResult, title: str) -> str:
     """The same table as a standalone HTML page (every cell escaped)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "\n".join(
-        f'<tr class="{STATUS_CLASS.get(row.status, "na")}">'
+        f'<tr class="{_html_class(row)}">'
         + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in cells(row)) + "</tr>"
         for row in result.rows
     )  # fmt: skip
-    runs = "".join(f"<li>{html.escape(n)}: <code>{html.escape(r)}</code></li>" for n, r in result.runs.items())
+    runs = "".join(f"<li>{html.escape(n)}: <code>{html.escape(r)}</code> in <code>"
+                   f"{html.escape(result.experiments.get(n, 'benchmark-' + n))}</code></li>"
+                   for n, r in result.runs.items())  # fmt: skip
     return (
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
         "<style>table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
-        ".na,.not-run{color:#777}</style></head>\n"
+        ".na,.not-run{color:#777}.below-floor{color:#b00}</style></head>\n"
         f"<body><h1>{html.escape(title)}</h1>\n<table><thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>\n"
-        + (f"<p>Benchmark runs (experiments benchmark-&lt;name&gt;):</p><ul>{runs}</ul>\n" if runs else "")
+        + (f"<p>Benchmark runs:</p><ul>{runs}</ul>\n" if runs else "")
         + "</body></html>\n"
     )

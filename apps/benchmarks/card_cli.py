@@ -17,40 +17,27 @@ import os
 import re
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
+from apps.benchmarks.framework.options import add_run_options
+from training.config_files import config_file
 
-from apps.benchmarks.card import (
-    DEFAULT_CARD,
-    Card,
-    CardResult,
-    data_problem,
-    load_card,
-    na_rows,
-    not_run_row,
-    protocol_cell,
-    render_html,
-    render_markdown,
-    result_rows,
-    run_metric_rows,
-    unmet,
-)
-from apps.benchmarks.cli import add_run_options, record
-from apps.benchmarks.framework.catalog import load_protocol
-from apps.benchmarks.framework.models import model_kind
-from apps.benchmarks.framework.protocol import BadInput
-from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
-from training.errors import UserError
-from training.runs import MODEL_URI, resolve_run
-from training.tracking.tracked_run import TrackedRun
-from training.tracking.uri import resolve_tracking_uri, tracking_client
+if TYPE_CHECKING:  # the heavy modules (torch, mlflow, the protocols) load only once the arguments are checked
+    from mlflow import MlflowClient
+
+    from apps.benchmarks.card import Card, CardResult
 
 USAGE = "make card MODEL=<run id | models:/<name>/<version> | models:/<name>@<alias>> [CARD=<yaml>] [ARGS=...]"
+DEFAULT_CARD = config_file("card.yaml")
 DESCRIPTION_LIMIT = 5000
 """Longest model-version description MLflow's SQL stores keep."""
-CARD_START, CARD_END = "<!-- model card: start -->", "<!-- model card: end -->"
-"""Markers around the card in a version's description, so a new card replaces the old one and nothing else."""
+CARD_END = "<!-- model card: end -->"
+"""Closes the card at the start of a version's description, so a new card replaces the old one and nothing else.
+The card opens with its title line (:data:`CARD_TITLE`), the line MLflow's version list shows; a marker there
+would be all the list shows."""
+CARD_TITLE = "# Model card: "
+LEGACY_START = "<!-- model card: start -->"
+"""The opening marker of cards written before the title opened them, removed when a new card replaces one."""
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +50,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def model_run(model: str | None, client: MlflowClient):
+def model_problem(model: str | None) -> str | None:
+    """Why ``model`` cannot name a run to hold the card, from its text alone (before anything heavy loads)."""
+    if not model or not model.strip():
+        return f"MODEL (--model) is required; usage: {USAGE}"
+    prefix, colon, _ = model.strip().partition(":")
+    if colon and prefix not in ("run", "models"):  # a bare run id has no prefix; clip: and the like have no run
+        return f"{model!r} has no run to hold the card: name a platform run or a registered version"
+    return None
+
+
+def model_run(model: str, client: MlflowClient):
     """The model's MLflow run and, for ``models:/...``, ``(name, version)``; the card is logged there.
 
     Raises:
-        BadInput: no model, a kind without a run (``clip:``), or a run / version the store does not have.
+        BadInput: a run / version the store does not have, or one not FINISHED.
     """
-    if not model:
-        raise BadInput(f"MODEL (--model) is required; usage: {USAGE}")
-    if model_kind(model.strip()) not in ("run", "models"):
-        raise BadInput(f"{model!r} has no run to hold the card: name a platform run or a registered version")
+    from mlflow.exceptions import MlflowException
+
+    from apps.benchmarks.framework.protocol import BadInput
+    from training.runs import MODEL_URI, resolve_run
+
     try:
         run_id, version = resolve_run(model, client)
         run = client.get_run(run_id)
@@ -88,6 +86,13 @@ def model_run(model: str | None, client: MlflowClient):
 
 def build(card: Card, model: str, uri: str, args: argparse.Namespace) -> CardResult:
     """Every benchmark of the card on ``model`` (each logged as ``make benchmark`` logs it), as card rows."""
+    from apps.benchmarks.card import CardResult, data_problem, na_rows, not_run_row, protocol_cell, result_rows, unmet
+    from apps.benchmarks.cli import record
+    from apps.benchmarks.framework.catalog import load_protocol
+    from apps.benchmarks.framework.protocol import BadInput
+    from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
+    from training.errors import UserError
+
     result = CardResult(model, [])
     for entry in card.entries:
         started = time.perf_counter()
@@ -110,23 +115,28 @@ def build(card: Card, model: str, uri: str, args: argparse.Namespace) -> CardRes
         except (BadInput, UserError) as error:  # data the protocol cannot read: the other benchmarks still run
             result.rows.append(not_run_row(entry, version, str(error)))
             continue
-        _, run_id, _ = record(outcome, model, entry.data, uri, args.artifact_root)
-        result.runs[entry.name] = run_id
+        _, run_id, experiment = record(outcome, model, entry.data, uri, args.artifact_root)
+        result.runs[entry.name], result.experiments[entry.name] = run_id, experiment
         result.rows += result_rows(entry, outcome.table, cell, reasons, run_id)
         log.info("card: %s %s in %.0f s (run %s)", entry.name, version, time.perf_counter() - started, run_id)
     return result
 
 
 def with_card(description: str | None, card: str) -> str:
-    """``description`` with its card (between the markers) replaced by ``card``, or ``card`` appended."""
-    block = f"{CARD_START}\n{card.rstrip()}\n{CARD_END}"
-    kept = re.sub(re.escape(CARD_START) + r".*?" + re.escape(CARD_END), "", description or "", flags=re.S).strip()
-    return f"{kept}\n\n{block}" if kept else block
+    """``card`` (which opens with its title line) first, then ``description`` without its old card: the one from
+    its title line (or the legacy start marker) to :data:`CARD_END`."""
+    block = f"{card.rstrip()}\n{CARD_END}"
+    opening = f"(?:^{re.escape(CARD_TITLE)}|{re.escape(LEGACY_START)})"
+    kept = re.sub(opening + r".*?" + re.escape(CARD_END), "", description or "", flags=re.S | re.M).strip()
+    return f"{block}\n\n{kept}" if kept else block
 
 
 def publish(client: MlflowClient, run_id: str, registered: tuple[str, str] | None, result: CardResult,
             title: str) -> None:  # fmt: skip
     """``card/card.{md,html,csv}`` in the model's run; the table in the registered version's description."""
+    from apps.benchmarks.card import render_html, render_markdown
+    from training.tracking.tracked_run import TrackedRun
+
     markdown = render_markdown(result, title)
     run = TrackedRun(client, run_id)
     run.log_text(markdown, "card/card.md")
@@ -145,6 +155,9 @@ def publish(client: MlflowClient, run_id: str, registered: tuple[str, str] | Non
 
 
 def run(args: argparse.Namespace) -> None:
+    from apps.benchmarks.card import load_card, render_markdown, run_metric_rows
+    from training.tracking.uri import resolve_tracking_uri, tracking_client
+
     started = time.perf_counter()
     uri = args.tracking_uri or resolve_tracking_uri()
     client = tracking_client(uri)
@@ -155,7 +168,7 @@ def run(args: argparse.Namespace) -> None:
     result = build(card, args.model.strip(), uri, args)
     result.rows += run_metric_rows(card.run_metrics, source.data.metrics, task)
     named = "" if args.model.strip() == run_id else f"{args.model.strip()}, "
-    title = f"Model card: {named}run {run_id} (task {task})"
+    title = f"{CARD_TITLE[2:]}{named}run {run_id} (task {task})"
     publish(client, run_id, registered, result, title)
     print(render_markdown(result, title))
     where = f"; version {registered[1]} of {registered[0]} described" if registered else ""
@@ -166,7 +179,14 @@ def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
+    problem = model_problem(args.model)
+    if problem:  # answered before torch, mlflow and the protocols load
+        print(f"make card: {problem}", file=sys.stderr)
+        return 2
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep the printed card readable
+    from apps.benchmarks.framework.protocol import BadInput
+    from training.errors import UserError
+
     try:
         run(args)
     except (BadInput, UserError) as error:

@@ -115,7 +115,8 @@ class GroundingProtocol(Protocol):
     def predict(self, draw: Draw, encoder: Encoder, features: Features) -> Outcome:
         test = draw.test
         grounded = score_heatmaps(encoder, self.root, test.table["path"].tolist(), test.targets.boxes, self.findings,
-                                  self.seed, self.batch_size, self.examples, self.tolerance)  # fmt: skip
+                                  self.seed, self.batch_size, self.examples, self.tolerance,
+                                  cache_dir=features.cache_dir)  # fmt: skip
         self.shown = grounded.examples
         scores = test.table[["image_id", "findings"]].copy()
         model = grounded.methods["model"]

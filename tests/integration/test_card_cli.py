@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from apps.benchmarks.card_cli import CARD_END, CARD_START
+from apps.benchmarks.card_cli import CARD_END
 from tests.benchmark_data import write_kermany
 from tests.conftest import PROJECT_ROOT, register_smoke_champion
 from tests.reveal_data import write_reader_folder
@@ -117,9 +117,12 @@ def test_make_card_runs_each_benchmark_as_make_benchmark_does_and_logs_the_table
     markdown, page = (folder / "card.md").read_text(), (folder / "card.html").read_text()
     assert markdown.startswith(f"# Model card: models:/cxrlt-task1@champion, run {run_id} (task task1)\n")
     assert markdown.count("\n| ") == 1 + len(rows) and page.count("<tr") == 1 + len(rows)
+    assert "<" not in markdown and "pneumonia `" in markdown and "in `benchmark-pneumonia`" in markdown
     description = client.get_model_version("cxrlt-task1", "1").description
-    assert description.startswith(f"Smoke run for the card test.\n\n{CARD_START}\n# Model card")
-    assert description.endswith(CARD_END) and "| pneumonia | pneumonia n100 (test " in description
+    # MLflow's version list shows a description's start: the card's title, then the user's own text after it
+    assert description.startswith(f"# Model card: models:/cxrlt-task1@champion, run {run_id} (task task1)\n")
+    assert description.endswith(f"{CARD_END}\n\nSmoke run for the card test.")
+    assert "| pneumonia | pneumonia n100 (test " in description
 
 
 def test_make_card_bad_input_is_one_line_without_a_traceback(registered, tmp_path):

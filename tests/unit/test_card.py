@@ -24,7 +24,7 @@ from apps.benchmarks.card import (
     run_metric_rows,
     unmet,
 )
-from apps.benchmarks.card_cli import CARD_END, CARD_START, with_card
+from apps.benchmarks.card_cli import CARD_END, LEGACY_START, with_card
 from apps.benchmarks.framework.catalog import available
 from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
 from apps.benchmarks.framework.protocol import BadInput
@@ -168,6 +168,7 @@ def test_cxrlt_rows_come_only_for_the_keys_the_run_has_and_untrusted_values_beco
     assert (test.benchmark, test.protocol, test.value, test.ci_low, test.ci_high) == (
         "CXR-LT nih14", "the run's test", 0.130, 0.125, 0.192)  # fmt: skip
     assert test.floor == "prevalence 0.082" and rows["test_perturbed/mAP"].floor == "prevalence 0.082"
+    assert test.below_floor == "" and test.note == ""
     assert math.isnan(rows["test_perturbed/mAP"].ci_low)
     assert rows["heldout/mAP"].status == "n/a" and "non-finite heldout/mAP" in rows["heldout/mAP"].note
     assert rows["heldout/mAP"].floor == ""  # its floor key is absent
@@ -178,7 +179,7 @@ def test_markdown_and_html_escape_text_read_back_from_a_run():
     rows = [Row("CXR-LT x|y", "the run's test", "model", "test/mAP", 0.5, 0.4, 0.6, "prevalence 0.100"),
             Row("reveal", "reveal all", "model", "all/macro/auroc", status="n/a",
                 note="run has no 'a|b' output <script>alert(1)</script> " + "x" * 300)]  # fmt: skip
-    result = CardResult("m", rows, {"reveal": "r1"})
+    result = CardResult("m", rows, {"reveal": "r1"}, {"reveal": "benchmark-reveal"})
     markdown = render_markdown(result, "Model card: m")
     lines = markdown.splitlines()
     assert lines[0] == "# Model card: m"
@@ -186,9 +187,10 @@ def test_markdown_and_html_escape_text_read_back_from_a_run():
     assert (
         lines[4] == "| CXR-LT x\\|y | the run's test | model | test/mAP | 0.500 [0.400, 0.600] | prevalence 0.100 |  |"
     )
-    assert lines[5].startswith("| reveal | reveal all | model | all/macro/auroc | n/a |  | run has no 'a\\|b' output")
+    assert lines[5].startswith("| reveal | reveal all | model | all/macro/auroc | n/a |  | run has no 'a\\|b' output "
+                               "&lt;script&gt;alert(1)&lt;/script&gt;")  # fmt: skip
     assert all(line.count("|") - line.count("\\|") == 8 for line in lines[2:6])  # every row has the 7 columns
-    assert "Benchmark runs (experiments benchmark-<name>): reveal `r1`." in markdown
+    assert "Benchmark runs: reveal `r1` in `benchmark-reveal`." in markdown
     short = render_markdown(result, "t", note_limit=40).splitlines()[5]
     assert short.endswith("... |") and len(short) < 150
     page = render_html(result, "Model card: m")
@@ -196,10 +198,73 @@ def test_markdown_and_html_escape_text_read_back_from_a_run():
     assert '<tr class="na">' in page and "<td>0.500 [0.400, 0.600]</td>" in page
 
 
-def test_a_new_card_replaces_the_old_one_in_a_description_and_keeps_the_rest():
-    first = with_card("Trained by the nightly job.", "# card 1\n")
-    assert first == f"Trained by the nightly job.\n\n{CARD_START}\n# card 1\n{CARD_END}"
-    second = with_card(first, "# card 2")
-    assert second.count(CARD_START) == 1 and "# card 1" not in second and "# card 2" in second
-    assert second.startswith("Trained by the nightly job.")
-    assert with_card(None, "# c") == f"{CARD_START}\n# c\n{CARD_END}"
+def test_no_text_in_angle_brackets_reaches_the_markdown_raw():
+    """A markdown renderer (MLflow's description) takes ``<name>`` for an HTML tag and drops it: the card's
+    markdown has no raw ``<``, whatever the notes hold, and names each benchmark run's real experiment."""
+    rows = [Row("pneumonia", "p", "probe", "auroc", status="not run", note="usage: make card MODEL=<run id>")]
+    markdown = render_markdown(CardResult("m", rows, {"nih-grounding": "r2"}, {"nih-grounding": "benchmark-x"}), "t")
+    assert "<" not in markdown and ">" not in markdown
+    assert "MODEL=&lt;run id&gt;" in markdown and "nih-grounding `r2` in `benchmark-x`" in markdown
+
+
+def test_a_result_below_a_floor_is_flagged_in_the_markdown_csv_and_html():
+    entry = Entry("nih-grounding", "/x", None, "pg/overall", {"model": "outputs"},
+                  {"centre prior": "centre", "random maps": "random"})  # fmt: skip
+    scores = table([("model", "pg/overall", 0.069, 0.063, 0.075), ("centre", "pg/overall", 0.212, 0.19, 0.24),
+                    ("random", "pg/overall", 0.070, 0.06, 0.08)])  # fmt: skip
+    (row,) = result_rows(entry, scores, "nih-grounding all", {}, "run1")
+    assert row.below_floor == "centre prior; random maps"
+    above = table([("model", "pg/overall", 0.3, 0.2, 0.4), ("centre", "pg/overall", 0.212, 0.19, 0.24),
+                   ("random", "pg/overall", np.nan, np.nan, np.nan)])  # fmt: skip
+    assert result_rows(entry, above, "nih-grounding all", {}, "run1")[0].below_floor == ""
+    result = CardResult("m", [row])
+    assert "| 0.069 [0.063, 0.075] below floor: centre prior; random maps |" in render_markdown(result, "t")
+    assert result.frame()["below_floor"].tolist() == ["centre prior; random maps"]
+    assert '<tr class="below-floor">' in render_html(result, "t")
+    metrics = {"test/mAP": 0.05, "test/prevalence_baseline_mAP": 0.063}
+    (cxrlt,) = run_metric_rows(load_card(DEFAULT_CARD).run_metrics[:1], metrics, "task1")
+    assert cxrlt.below_floor == "prevalence"
+
+
+def test_the_held_out_row_keeps_the_runs_seen_in_training_caveat():
+    from evaluation.report import TRAINED_ON_CAVEAT
+
+    card = load_card(DEFAULT_CARD)
+    metrics = {"heldout/mAP": 0.087, "heldout/trained_on": 1.0}
+    (row,) = run_metric_rows(card.run_metrics, metrics, "task1")
+    assert row.metric == "heldout/mAP" and row.note == TRAINED_ON_CAVEAT
+    (clean,) = run_metric_rows(card.run_metrics, {**metrics, "heldout/trained_on": 0.0}, "task1")
+    assert clean.note == ""
+    assert TRAINED_ON_CAVEAT in render_markdown(CardResult("m", [row]), "t")
+
+
+def test_a_new_card_opens_the_description_and_replaces_the_old_one_keeping_the_rest():
+    """MLflow's version list shows the start of a description: the card's title, never a marker."""
+    first = with_card("Trained by the nightly job.", "# Model card: m, run r (task t)\n| a |\n")
+    assert first == f"# Model card: m, run r (task t)\n| a |\n{CARD_END}\n\nTrained by the nightly job."
+    second = with_card(first, "# Model card: m, run r (task t)\n| b |")
+    assert second.count(CARD_END) == 1 and "| a |" not in second and "| b |" in second
+    assert second.startswith("# Model card: m") and second.endswith("Trained by the nightly job.")
+    legacy = f"Notes.\n\n{LEGACY_START}\n# Model card: old\n{CARD_END}"
+    assert with_card(legacy, "# Model card: new") == f"# Model card: new\n{CARD_END}\n\nNotes."
+    assert with_card(None, "# Model card: c") == f"# Model card: c\n{CARD_END}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [([], "make card: MODEL (--model) is required; usage: make card MODEL="),
+     (["--model", "clip:ViT-B-32"], "make card: 'clip:ViT-B-32' has no run to hold the card")],
+)  # fmt: skip
+def test_make_card_without_a_usable_model_answers_before_torch_and_mlflow_load(args, message):
+    """The command itself (``python -m``, as make runs it), with Python's import log: nothing heavy is imported
+    before the one-line answer."""
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "apps.benchmarks.card_cli", *args],
+                          capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT)  # fmt: skip
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
+    assert "apps" in imported and not imported & {"torch", "mlflow", "pandas", "hydra", "sklearn"}

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import sklearn
 
 from apps.benchmarks.chextemporal.pairs import (
     COARSE,
@@ -63,6 +64,8 @@ from apps.benchmarks.framework.boxes import PAIR_IMAGES, read_pair_boxes
 from apps.benchmarks.framework.encoders import Encoder, Target
 from apps.benchmarks.framework.grounding import GroundedScores, grounding_table, overlay_figure, score_heatmaps
 from apps.benchmarks.framework.markdown import frame_markdown
+from apps.benchmarks.framework.memo import memo_arrays
+from apps.benchmarks.framework.probe import MAX_ITER, C
 from apps.benchmarks.framework.protocol import (
     Box,
     Draw,
@@ -295,17 +298,27 @@ class ChexTemporalProtocol(Protocol):
         folds; a fold whose training pairs hold one class predicts that class (no boundary can be fitted)."""
         codes = self.finding_codes(test)
         prior, current = (np.hstack([features.get("test", c).embeddings, codes]) for c in ("prior_path", "path"))
-        single, unconverged = [], []
 
-        def fit_predict(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
-            if np.unique(truth[train]).size < 2:
-                single.append(len(rows))
-                return np.full(len(rows), truth[train][0], dtype=object)
-            head = fit_progression_head(prior[train], current[train], truth[train], self.seed, classes=self.classes)
-            unconverged.extend([] if head.converged else [1])
-            return np.asarray(head.classes, dtype=object)[predict_head(head, prior[rows], current[rows]).argmax(1)]
+        def fit_all() -> dict[str, np.ndarray]:
+            single, unconverged = [], []
 
-        predicted = out_of_fold(folds, fit_predict)
+            def fit_predict(train: np.ndarray, rows: np.ndarray) -> np.ndarray:
+                if np.unique(truth[train]).size < 2:
+                    single.append(len(rows))
+                    return np.full(len(rows), truth[train][0], dtype=object)
+                head = fit_progression_head(prior[train], current[train], truth[train], self.seed,
+                                            classes=self.classes)  # fmt: skip
+                unconverged.extend([] if head.converged else [1])
+                return np.asarray(head.classes, dtype=object)[predict_head(head, prior[rows], current[rows]).argmax(1)]
+
+            predicted = out_of_fold(folds, fit_predict).astype(str)
+            return {"predicted": predicted, "single": np.array(single, dtype=int), "unconverged": len(unconverged)}
+
+        # the fits are a deterministic function of these inputs: a rerun on the same outputs reads them back
+        fitted = memo_arrays(features.cache_dir, "chextemporal-head", [prior, current, truth.astype(str), folds,
+                             self.seed, list(self.classes), C, MAX_ITER, sklearn.__version__], fit_all)  # fmt: skip
+        predicted = fitted["predicted"].astype(object)
+        single, unconverged = fitted["single"].tolist(), [1] * int(fitted["unconverged"])
         notes.append("head: logistic regression on [prior, current, current - prior] embeddings + finding, fitted "
                      "on the other folds' pairs"
                      + (f"; {len(single)} fold(s) had training pairs of one class and predict it ({sum(single)} "

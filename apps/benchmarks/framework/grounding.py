@@ -24,10 +24,17 @@ Grad-CAM, similarity and probability maps can be compared without normalising th
 
 :func:`score_heatmaps` runs a model's heatmaps and the two floors (centre prior, seeded noise) over a list of films
 batch by batch (full-size maps of hundreds of films would not fit in memory), for every protocol that grounds.
+Grad-CAM over every film and finding is the slow part of a grounding benchmark, so the scores (and the few overlay
+examples) are kept on disk beside the embedding cache, keyed by everything they depend on (:func:`heatmap_key`): a
+rerun of ``make benchmark`` or ``make card`` on the same model and films reads them back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy import ndimage
 
-from apps.benchmarks.framework.embeddings import read_images
+from apps.benchmarks.framework.embeddings import read_images, targets_key
 from apps.benchmarks.framework.encoders import Encoder
 from apps.benchmarks.framework.heatmaps import centre_prior, heatmap_note, heatmaps, random_heatmaps
 from apps.benchmarks.framework.protocol import Box
@@ -164,14 +171,18 @@ def overlay_figure(images: Sequence[np.ndarray], maps: Sequence[np.ndarray], box
         ax = fig.add_subplot(1, max(len(images), 1), column + 1)
         size = image.shape[0]
         ax.imshow(image, cmap="gray", vmin=0, vmax=255)
-        ax.imshow(heatmap, cmap="jet", alpha=0.35)
+        finite = np.isfinite(heatmap)
+        if not finite.any():  # no map for this finding (no mapped output): nothing to draw or mark
+            title = f"{title} (n/a: no heatmap)"
+        else:
+            ax.imshow(heatmap, cmap="jet", alpha=0.35)
         for box in its_boxes:
             moved = box.in_frame(size, size)
             ax.add_patch(Rectangle((moved.x, moved.y), moved.w, moved.h, fill=False, edgecolor="white", linewidth=1.5))
-        if np.nanmax(heatmap) > np.nanmin(heatmap):  # a flat map has no peak to mark
-            peak = np.unravel_index(np.nanargmax(heatmap), heatmap.shape)
+        if finite.any() and heatmap[finite].max() > heatmap[finite].min():  # a flat map has no peak to mark
+            peak = np.unravel_index(np.argmax(np.where(finite, heatmap, -np.inf)), heatmap.shape)
             ax.plot(peak[1], peak[0], marker="x", color="red", markersize=8)
-        else:
+        elif finite.any():
             title = f"{title} (flat map)"
         ax.set_title(title, fontsize=8)
         ax.axis("off")
@@ -197,9 +208,24 @@ class GroundedScores:
     notes: list[str] = field(default_factory=list)
 
 
+HEATMAP_CACHE_VERSION = 1
+"""Part of every heatmap cache key: bump it when the scores' computation changes, so no stale entry is read."""
+
+
+def heatmap_key(encoder: Encoder, paths: Sequence[str], boxes: Sequence[Sequence[Box]], findings: Sequence[str],
+                seed: int, batch_size: int, examples: int, tolerance: float) -> str:  # fmt: skip
+    """The cache entry name of :func:`score_heatmaps`' result: the model (its identity covers the weights and the
+    outputs each finding maps to), the targets' prompts, the input size and resize, the films and their boxes, and
+    every argument that changes a score (the random floor's seeds follow the batches)."""
+    parts = [HEATMAP_CACHE_VERSION, encoder.identity, targets_key(encoder.targets), encoder.image_size,
+             encoder.resize, list(paths), [[dataclasses.asdict(b) for b in film] for film in boxes], list(findings),
+             seed, batch_size, examples, tolerance]  # fmt: skip
+    return "heatmaps-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
 def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Sequence[Sequence[Box]],
                    findings: Sequence[str], seed: int, batch_size: int = 32, examples: int = 3,
-                   tolerance: float = POINTING_TOLERANCE) -> GroundedScores:  # fmt: skip
+                   tolerance: float = POINTING_TOLERANCE, cache_dir: str | Path | None = None) -> GroundedScores:  # fmt: skip
     """Grounding scores of the model's heatmaps and of both floors, at the model's input size.
 
     Args:
@@ -210,9 +236,27 @@ def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Se
         findings: the findings (the encoder's target labels) scored on every film.
         seed: the random floor's seed (batch ``b`` starting at film ``s`` uses ``seed + s``).
         batch_size: films per heatmap pass.
-        examples: overlay examples kept per finding (the first films that have a box of it).
+        examples: overlay examples kept per finding (the first films that have a finite map of it and a box).
         tolerance: the pointing game's margin, in pixels of each box's frame (:func:`hit_region`).
+        cache_dir: where the result is kept (:func:`heatmap_key`); ``None``: computed, never stored.
     """
+    path = None
+    if cache_dir is not None:
+        path = (
+            Path(cache_dir)
+            / f"{heatmap_key(encoder, paths, boxes, findings, seed, batch_size, examples, tolerance)}.npz"
+        )
+        if path.is_file():
+            return _with_notes(_read_scores(path, findings), encoder, boxes, findings, seed, tolerance)
+    grounded = _compute_scores(encoder, root, paths, boxes, findings, seed, batch_size, examples, tolerance)
+    if path is not None:
+        _write_scores(path, grounded, findings)
+    return _with_notes(grounded, encoder, boxes, findings, seed, tolerance)
+
+
+def _compute_scores(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Sequence[Sequence[Box]],
+                    findings: Sequence[str], seed: int, batch_size: int, examples: int,
+                    tolerance: float) -> GroundedScores:  # fmt: skip
     size, k = encoder.image_size, len(findings)
     model = np.full((len(paths), k, 2), np.nan)
     centre, noise = np.full_like(model, np.nan), np.full_like(model, np.nan)
@@ -231,24 +275,66 @@ def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Se
                 for j, finding in enumerate(findings):
                     mine = tuple(b for b in film if b.finding == finding)
                     flat += bool(mine) and np.ptp(maps[i, j]) == 0
-                    if mine and len(shown[finding]) < examples:
+                    if mine and len(shown[finding]) < examples and np.isfinite(maps[i, j]).any():
                         shown[finding].append((images[i], maps[i, j], mine, Path(paths[start + i]).stem))
         centre[rows] = _scores(np.broadcast_to(prior, (len(images), k, size, size)), references)
         noise[rows] = _scores(random_heatmaps(len(images), k, size, seed + start), references)
+    return GroundedScores({"model": model if able else None, "centre": centre, "random": noise}, flat, shown)
+
+
+def _write_scores(path: Path, grounded: GroundedScores, findings: Sequence[str]) -> None:
+    """The scores and the overlay examples as one ``.npz``, written atomically (as the embedding cache is)."""
+    shown = [(findings.index(f), *example) for f, items in grounded.examples.items() for example in items]
+    size = shown[0][1].shape if shown else (0, 0)
+    model = grounded.methods["model"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+    np.savez(
+        tmp, has_model=model is not None, model=np.zeros(0) if model is None else model,
+        centre=grounded.methods["centre"], random=grounded.methods["random"], flat=grounded.flat,
+        example_finding=np.array([s[0] for s in shown], dtype=int),
+        example_image=np.array([s[1] for s in shown], dtype=np.uint8).reshape(len(shown), *size),
+        example_map=np.array([s[2] for s in shown], dtype=np.float32).reshape(len(shown), *size),
+        example_boxes=np.array([json.dumps([dataclasses.asdict(b) for b in s[3]]) for s in shown], dtype=str),
+        example_stem=np.array([s[4] for s in shown], dtype=str),
+    )  # fmt: skip
+    os.replace(tmp, path)
+
+
+def _read_scores(path: Path, findings: Sequence[str]) -> GroundedScores:
+    with np.load(path, allow_pickle=False) as stored:
+        model = stored["model"] if bool(stored["has_model"]) else None
+        shown: dict[str, list[Example]] = {f: [] for f in findings}
+        columns = ("example_finding", "example_image", "example_map", "example_stem", "example_boxes")
+        for j, image, heatmap, stem, mine in zip(*(stored[c] for c in columns), strict=True):
+            its_boxes = tuple(Box(**box) for box in json.loads(str(mine)))
+            shown[findings[int(j)]].append((image, heatmap, its_boxes, str(stem)))
+        methods = {"model": model, "centre": stored["centre"], "random": stored["random"]}
+        return GroundedScores(methods, int(stored["flat"]), shown)
+
+
+def _with_notes(grounded: GroundedScores, encoder: Encoder, boxes: Sequence[Sequence[Box]], findings: Sequence[str],
+                seed: int, tolerance: float) -> GroundedScores:  # fmt: skip
+    """The report lines of a result, whether computed now or read back."""
+    size, model = encoder.image_size, grounded.methods["model"]
     notes = [f"heatmaps at {size} px (the model's input size); floors: a centred Gaussian (sigma = size/4) and "
              f"uniform noise seeded with {seed} + batch start",
              f"pointing game: TorchRay's, the first maximum is a hit within {tolerance:g} px of a box in the boxes' "
              f"frame ({tolerance * size / _frame(boxes):.2f} px at {size} px); CNR signed (below 0: the map is "
              f"dimmer on the box than around it)"]  # fmt: skip
-    if able:
+    if model is not None:
         notes.append(f"model heatmaps: {heatmap_note(encoder)}")
         pairs = int(sum(any(b.finding == f for b in film) for film in boxes for f in findings))
-        if flat:
-            notes.append(f"{flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores the share "
-                         f"of pixels that would be hits in the pointing game and 0 CNR")  # fmt: skip
+        if grounded.flat:
+            notes.append(f"{grounded.flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores the "
+                         f"share of pixels that would be hits in the pointing game and 0 CNR")  # fmt: skip
+        boxed = {b.finding for film in boxes for b in film}
+        unscored = [f for j, f in enumerate(findings) if f in boxed and not np.isfinite(model[:, j]).any()]
+        if unscored:
+            notes.append(f"model: n/a for {', '.join(unscored)} (no heatmap: no output of the model answers it)")
     else:
         notes.append(f"model: no heatmaps for {encoder.description} (n/a)")
-    return GroundedScores({"model": model if able else None, "centre": centre, "random": noise}, flat, shown, notes)
+    return dataclasses.replace(grounded, notes=notes)
 
 
 def _frame(boxes: Sequence[Sequence[Box]]) -> int:

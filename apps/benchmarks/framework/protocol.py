@@ -292,10 +292,13 @@ class Features:
         encoded: ``(subset name, image column) -> Encoded``: one encoder answers every target, so each image is
             encoded once and its zero-shot outputs hold one column per target.
         labels: the target labels in the encoder's column order.
+        cache_dir: the runner's model-output cache, for a protocol that computes more from the model than these
+            outputs (heatmaps); ``None``: nothing is stored.
     """
 
     encoded: Mapping[tuple[str, str], Encoded]
     labels: tuple[str, ...]
+    cache_dir: str | Path | None = None
 
     def get(self, subset: str, column: str = "path") -> Encoded:
         return self.encoded[(subset, column)]

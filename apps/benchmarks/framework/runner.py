@@ -138,7 +138,7 @@ def encode_draw(
             key = fingerprint if column == "path" else f"{fingerprint}:{column}"
             encoded[(name, column)], hit = encode_subset(encoder, root, table, key, cache_dir, batch_size)
             hits[name] = hits[name] and hit
-    return Features(encoded, encoder.target_labels), hits
+    return Features(encoded, encoder.target_labels, cache_dir), hits
 
 
 def bootstrap_scores(
