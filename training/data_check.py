@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.config_files import CONFIGS
 from training.data.check import check_dataset
-from training.data.sources import manifest_vocabulary, task_labels
+from training.data.images import MAX_PIXELS
+from training.data.sources import image_roots, manifest_vocabulary, task_labels
 from training.errors import hydra_user_errors, run_hydra_entry
 
 
@@ -29,7 +30,9 @@ def main(cfg: DictConfig) -> None:
     report = check_dataset(manifest, source.root, extra, decode=cfg.decode, workers=cfg.workers or 4, labels=labels,
                            vocabulary=manifest_vocabulary(source),
                            patient_ids=getattr(source, "patient_ids", True),
-                           heterogeneity=OmegaConf.to_container(cfg.heterogeneity))  # fmt: skip
+                           heterogeneity=OmegaConf.to_container(cfg.heterogeneity),
+                           max_pixels=cfg.data.get("max_pixels", MAX_PIXELS),
+                           image_roots=image_roots(source, cfg.data.get("allow_outside_root", False)))  # fmt: skip
     print(f"manifest: {manifest}\nimages:   {source.root}\n\n{report.render()}")
     sys.exit(1 if report.errors else 0)
 

@@ -17,6 +17,7 @@ from training.checkpoint_io import AtomicCheckpointIO
 from training.components import build_component
 from training.console import console_callbacks, quiet_lightning
 from training.data.datamodule import CXRDataModule
+from training.data.images import MAX_PIXELS
 from training.data.sources import task_labels
 from training.distributed import forget_shared, process_of, share_from_rank_zero
 from training.models.factory import model_from_config
@@ -57,6 +58,8 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
         resize=cfg.data.get("resize", "stretch"),
         cache=cfg.data.get("cache", True),
         cache_root=cfg.data.get("cache_root") or "data/cache/prepared",
+        max_pixels=cfg.data.get("max_pixels", MAX_PIXELS),  # stored configs of older runs lack the two settings
+        allow_outside_root=cfg.data.get("allow_outside_root", False),
         # A view-routed model (model.views) trains its experts and router on each image's manifest projection.
         views=list(cfg.model.views) if cfg.model.get("views") else None,
     )

@@ -14,8 +14,9 @@ from omegaconf import DictConfig
 
 from training.config_files import CONFIGS
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
+from training.data.images import MAX_PIXELS
 from training.data.manifest import ManifestError, check_manifest
-from training.data.sources import manifest_vocabulary
+from training.data.sources import image_roots, manifest_vocabulary
 from training.errors import hydra_user_errors, run_hydra_entry
 
 
@@ -26,7 +27,13 @@ def main(cfg: DictConfig) -> None:
     manifest = source.prepare()
     extra = list(cfg.data.get("extra_columns") or []) + list(getattr(source, "extra_columns", ()))
     found = check_manifest(
-        manifest, None, manifest_vocabulary(source), root=source.root, extra_columns=extra, check_files=False
+        manifest,
+        None,
+        manifest_vocabulary(source),
+        root=source.root,
+        extra_columns=extra,
+        check_files=False,
+        image_roots=image_roots(source, cfg.data.get("allow_outside_root", False)),
     )
     if found.problems:
         raise ManifestError(f"{manifest}: {len(found.problems)} problem(s), no cache was built:\n  "
@@ -34,7 +41,8 @@ def main(cfg: DictConfig) -> None:
     table = found.table
     cache = PreprocessedCache(image_list_fingerprint(table["image_id"], table["path"], source.root), cfg.data.image_size, cfg.data.get("resize", "stretch"),
                               root=cfg.data.get("cache_root") or CACHE_ROOT)  # fmt: skip
-    report = cache.build([source.root / p for p in table["path"]], list(table["image_id"]), workers=cfg.workers)
+    report = cache.build([source.root / p for p in table["path"]], list(table["image_id"]), workers=cfg.workers,
+                         max_pixels=cfg.data.get("max_pixels", MAX_PIXELS))  # fmt: skip
     print(f"{cache.dir}: {report.decoded} decoded, {report.skipped} already cached, {len(report.errors)} unreadable "
           f"({report.seconds:.1f} s)")  # fmt: skip
     for error in report.errors:

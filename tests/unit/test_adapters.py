@@ -13,7 +13,7 @@ from training.data.adapters.nih14 import NIH14Source
 from training.data.adapters.table import CXRLT2026Source, TableSource
 from training.data.findings import NIH14_LABELS
 from training.data.label_names import ORGANISER_SPELLING, canonical_name
-from training.data.manifest import load_manifest
+from training.data.manifest import ManifestError, load_manifest
 
 
 def image(path, value=128, size=16):
@@ -184,8 +184,9 @@ def test_organiser_spellings_round_trip():
     assert canonical_name("Pleural Efusion") is None
 
 
-def test_yes_no_mean_the_same_through_the_table_adapter_and_a_manifest(tmp_path):
-    """data=csv and data=manifest read one spelling alike: the adapter's manifest equals the hand-written one."""
+def test_the_table_adapter_converts_yes_no_while_a_manifest_refuses_them(tmp_path):
+    """data=csv converts an export's yes/no and true/false into the manifest's 1/0; a hand-written manifest holding
+    them is refused by line and column (issue 30, 12): a word is converted or refused, never silently read."""
     root = tmp_path / "t"
     root.mkdir()
     words = ["yes", "no", "Yes", "NO", "true", "False", "1", "0", ""]
@@ -196,13 +197,13 @@ def test_yes_no_mean_the_same_through_the_table_adapter_and_a_manifest(tmp_path)
         image(root / f"{i}.png")
     adapted = TableSource(str(root), image_column="image", patient_column="patient", split_column="set",
                           out_dir=str(tmp_path / "m")).prepare()  # fmt: skip
+    from_adapter = load_manifest(adapted, ["Mass"], ["Mass"], root=root).table["Mass"].to_numpy()
+    np.testing.assert_array_equal(from_adapter, [1, 0, 1, 0, 1, 0, 1, 0, np.nan])
     hand = pd.DataFrame({"image_id": rows["image"], "path": rows["image"], "split": rows["set"],
                          "patient_id": rows["patient"], "Mass": words})  # fmt: skip
     hand.to_csv(tmp_path / "hand.csv", index=False)
-    from_adapter = load_manifest(adapted, ["Mass"], ["Mass"], root=root).table["Mass"].to_numpy()
-    from_manifest = load_manifest(tmp_path / "hand.csv", ["Mass"], ["Mass"], root=root).table["Mass"].to_numpy()
-    np.testing.assert_array_equal(from_adapter, from_manifest)
-    np.testing.assert_array_equal(from_manifest, [1, 0, 1, 0, 1, 0, 1, 0, np.nan])
+    with pytest.raises(ManifestError, match=r"6 problem\(s\).*\n  line 2, column 'Mass': 'yes' is not a manifest"):
+        load_manifest(tmp_path / "hand.csv", ["Mass"], ["Mass"], root=root)
 
 
 def test_empty_label_table_is_named(tmp_path):

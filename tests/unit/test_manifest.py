@@ -1,5 +1,7 @@
 """Manifest validation: every broken input fails with its row and column named."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -83,7 +85,7 @@ def test_bad_label_value_and_split_are_reported_together(make_manifest, task1_la
         _load(path, task1_labels)
     message = str(error.value)
     assert "2 problem(s)" in message
-    assert "line 5, column 'Nodule': 'maybe' is not 0/1 or empty" in message
+    assert "line 5, column 'Nodule': 'maybe' is not a manifest label: 1, 0 (or 1.0, 0.0) or an empty cell" in message
     assert "line 7, column 'split': 'training' is not one of" in message
 
 
@@ -103,12 +105,32 @@ def test_empty_cell_means_not_labelled(make_manifest, task1_labels):
     assert (targets[1:, column] >= 0).all()
 
 
-def test_yes_no_and_true_false_read_as_one_and_zero(make_manifest, task1_labels):
+@pytest.mark.parametrize("word", ["yes", "Yes ", "TRUE", "no", " 1", "-1", "nan"])
+def test_labels_other_than_the_manifest_spellings_are_refused_by_line_and_column(make_manifest, task1_labels, word):
+    """Issue 30 (12): a manifest holds 1, 0 (1.0, 0.0) or empty exactly as written; nothing else is given a meaning."""
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(Nodule=t["Nodule"].where(t.index != 3, word)))
+    with pytest.raises(ManifestError, match=rf"1 problem\(s\).*\n  line 5, column 'Nodule': {re.escape(repr(word))} "
+                                            r"is not a manifest label"):  # fmt: skip
+        _load(path, task1_labels)
+
+
+def test_every_manifest_spelling_reads_as_documented(make_manifest, task1_labels):
     path = make_manifest(n=12)
     plain = _load(path, task1_labels).targets("train")
-    words = {"1": ["yes", "True"], "0": ["no", "FALSE"]}  # the spellings the generic table adapter accepts
-    _edit(path, lambda t: t.assign(**{c: [words[v][i % 2] for i, v in enumerate(t[c])] for c in task1_labels}))
+    _edit(path, lambda t: t.assign(**{c: t[c].map({"1": "1.0", "0": "0.0"}).where(t.index % 2 == 0, t[c])
+                                      for c in task1_labels}))  # fmt: skip
     np.testing.assert_array_equal(_load(path, task1_labels).targets("train"), plain)
+
+
+def test_ids_differing_only_by_surrounding_spaces_are_one_image(make_manifest, task1_labels):
+    """Issue 30 (12): ``img2`` and ``img2 `` are stripped and compared as text: one id, refused as duplicated."""
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(image_id=t["image_id"].where(t.index != 5, " img2 ")))
+    with pytest.raises(ManifestError, match=re.escape("column 'image_id': 'img2' duplicated on lines [4, 7]")):
+        _load(path, task1_labels)
+    _edit(path, lambda t: t.assign(image_id=t["image_id"].where(t.index != 5, " img5\t")))
+    assert _load(path, task1_labels).table.at[5, "image_id"] == "img5"
 
 
 def test_header_only_manifest_is_refused(make_manifest, task1_labels):

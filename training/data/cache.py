@@ -34,7 +34,7 @@ import pandas as pd
 from numpy.lib.format import open_memmap
 from tqdm.auto import tqdm
 
-from training.data.images import read_grayscale
+from training.data.images import MAX_PIXELS, read_grayscale
 from training.data.manifest import csv_line
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,13 @@ class PreprocessedCache:
         return np.load(self.dir / "images.npy", mmap_mode="r")
 
     def build(
-        self, paths: list[Path], image_ids: list[str], workers: int = 0, chunk: int = 256, progress: bool = True
+        self,
+        paths: list[Path],
+        image_ids: list[str],
+        workers: int = 0,
+        chunk: int = 256,
+        progress: bool = True,
+        max_pixels: int | None = MAX_PIXELS,
     ) -> BuildReport:
         """Decode every row not yet cached; resumable, parallel, with a progress bar.
 
@@ -109,6 +115,7 @@ class PreprocessedCache:
             workers: threads; 0 means one per CPU.
             chunk: rows between flushes.
             progress: show a progress bar.
+            max_pixels: largest canvas decoded (``data.max_pixels``); a file declaring more is reported, not read.
         """
         start = time.perf_counter()
         n = len(paths)
@@ -125,7 +132,7 @@ class PreprocessedCache:
 
         def decode(row: int):
             try:
-                return row, read_grayscale(paths[row], self.size, self.resize), None
+                return row, read_grayscale(paths[row], self.size, self.resize, max_pixels), None
             except (OSError, ValueError) as error:  # FileNotFoundError, ImageDecodeError, cv2 errors
                 return row, None, str(error)
 

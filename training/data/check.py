@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -17,8 +18,8 @@ import pandas as pd
 from evaluation.groups import frequency_group
 from training.data.findings import KNOWN_FINDINGS
 from training.data.heterogeneity import measure
-from training.data.images import check_file, read_grayscale
-from training.data.manifest import SPLITS, check_manifest, csv_line, parse_labels
+from training.data.images import MAX_PIXELS, check_file, read_grayscale
+from training.data.manifest import SPLITS, check_manifest, csv_line, outside_roots, parse_manifest_labels
 
 
 @dataclass
@@ -39,7 +40,8 @@ class DataReport:
 def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: bool = False, workers: int = 4,
                   size: int = 64, labels: Sequence[str] | None = None,
                   vocabulary: Sequence[str] = KNOWN_FINDINGS, patient_ids: bool = True,
-                  heterogeneity: Mapping | None = None) -> DataReport:  # fmt: skip
+                  heterogeneity: Mapping | None = None, max_pixels: int | None = MAX_PIXELS,
+                  image_roots: Sequence[Path] | None = None) -> DataReport:  # fmt: skip
     """Counts per class and split with head-to-tail groups, patients per split, overlaps, unreadable files, and
     how the sources differ (:mod:`training.data.heterogeneity`).
 
@@ -58,13 +60,17 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
             patient-disjointness cannot be checked and the report says so instead of "patient-disjoint".
         heterogeneity: settings of the per-source report (``sample``, ``seed``, ``resolution_from``: the arguments
             of :func:`training.data.heterogeneity.measure`); its defaults when None.
+        max_pixels: largest canvas an image may declare (``data.max_pixels``), as training refuses it.
+        image_roots: folders the paths must lie under, as training requires them to
+            (:func:`training.data.sources.image_roots`); a path outside is reported and never opened. None: paths
+            are not judged (``data.allow_outside_root=true``).
 
     Raises:
         ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).
     """
     report = DataReport(source=str(manifest_path))
     found = check_manifest(manifest_path, labels, vocabulary, root=root, extra_columns=extra_columns,
-                           check_files=False)  # fmt: skip
+                           check_files=False, image_roots=image_roots)  # fmt: skip
     report.errors += found.problems
     table = found.table
     if table is None or table.empty:
@@ -72,7 +78,7 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
     splits = [s for s in SPLITS if (table["split"] == s).any()]
 
     present = [c for c in found.labels if c in table.columns]  # a task label may be missing (reported above)
-    values = pd.DataFrame({c: parse_labels(table[c])[0] for c in present}, index=table.index)
+    values = pd.DataFrame({c: parse_manifest_labels(table[c])[0] for c in present}, index=table.index)
     counts = pd.DataFrame({s: (values[table["split"] == s] == 1).sum() for s in splits}, index=present)
     counts["total"] = counts.sum(axis=1)
     n_train = int((table["split"] == "train").sum())
@@ -92,10 +98,17 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         else "not checkable: the release has no patient ids (each image is its own patient)"
     )
 
-    check = (lambda path: read_grayscale(path, size)) if decode else check_file
+    check = (
+        (lambda path: read_grayscale(path, size, max_pixels=max_pixels))
+        if decode
+        else partial(check_file, max_pixels=max_pixels)
+    )
+    outside = set(outside_roots(table["path"], image_roots)) if image_roots is not None else set()
 
     def probe(index_path):
         index, rel = index_path
+        if index in outside:  # reported by the manifest check; never opened
+            return None
         try:
             check(root / rel)
             return None
@@ -107,6 +120,7 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
     how = "decoded" if decode else "header and end marker checked"
     report.sections["files"] = f"{len(table) - len(bad)} of {len(table)} readable ({how})"
     report.errors += bad
-    settings = {"workers": workers, **(heterogeneity or {})}
-    report.sections["source heterogeneity"] = measure(table, root, present, **settings).render()
+    settings = {"workers": workers, "max_pixels": max_pixels, **(heterogeneity or {})}
+    inside = table.drop(index=sorted(outside))
+    report.sections["source heterogeneity"] = measure(inside, root, present, **settings).render()
     return report

@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
 from training.data.dataset import ManifestDataset, view_indices
+from training.data.images import MAX_PIXELS
 from training.data.manifest import Manifest, load_manifest
-from training.data.sources import manifest_vocabulary
+from training.data.sources import image_roots, manifest_vocabulary
 from training.data.transforms import build_transform, stream_seed
 from training.hardware import on_cuda, persistent_workers, pin_memory
 from training.samplers.base import SamplingStrategy
@@ -74,6 +75,10 @@ class CXRDataModule(L.LightningDataModule):
         loader_settings: ``pin_memory`` and ``persistent_workers`` of the loaders, each ``auto``, ``true`` or
             ``false`` (:mod:`training.hardware`); ``configs/gpu`` sets them through its callback before the loaders
             are built. ``auto`` pins batches only when the Trainer runs on CUDA.
+        max_pixels: largest canvas an image file may declare (``data.max_pixels``); larger files are refused
+            before they are decoded, here and in loader workers.
+        allow_outside_root: read manifest paths that leave the data root (``data.allow_outside_root``); refused
+            by default (:func:`training.data.manifest.check_manifest`).
     """
 
     def __init__(
@@ -94,6 +99,8 @@ class CXRDataModule(L.LightningDataModule):
         cache_root: str = str(CACHE_ROOT),
         views: Sequence[str] | None = None,
         loader_settings: dict | None = None,
+        max_pixels: int | None = MAX_PIXELS,
+        allow_outside_root: bool = False,
     ):
         super().__init__()
         self.source = source
@@ -110,6 +117,7 @@ class CXRDataModule(L.LightningDataModule):
         self.resize, self.cache, self.cache_root = resize, cache, cache_root
         self.views = None if views is None else tuple(views)
         self.loader_settings = {"pin_memory": "auto", "persistent_workers": "auto", **(loader_settings or {})}
+        self.max_pixels, self.allow_outside_root = max_pixels, allow_outside_root
         self.store: np.ndarray | None = None
         self.manifest: Manifest | None = None
         self.datasets: dict[str, ManifestDataset] = {}
@@ -139,6 +147,7 @@ class CXRDataModule(L.LightningDataModule):
         self.manifest = load_manifest(
             manifest_path, self.labels, manifest_vocabulary(self.source), root=self.source.root,
             extra_columns=self.extra_columns + tuple(getattr(self.source, "extra_columns", ())),
+            image_roots=image_roots(self.source, self.allow_outside_root),
         )  # fmt: skip
         self.store = self._cached_images()
         for split in ("train", "val", "test"):
@@ -175,7 +184,7 @@ class CXRDataModule(L.LightningDataModule):
         return ManifestDataset(
             self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, build_transform(steps),
             preload=self.preload, resize=self.resize, store=self.store,
-            positions=positions if self.store is not None else None, views=views,
+            positions=positions if self.store is not None else None, views=views, max_pixels=self.max_pixels,
         )  # fmt: skip
 
     @property

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from training.data.images import ImageDecodeError, read_grayscale
+from training.data.images import MAX_PIXELS, ImageDecodeError, check_file, read_grayscale
 
 # Projection spellings seen across sources (NIH "PA"/"AP", MIMIC "AP AXIAL", "XTABLE LATERAL", "LL", PadChest
 # "AP_horizontal", lower case from hand-made manifests) folded onto one name, so a view-routed model configured
@@ -54,7 +55,9 @@ class ManifestDataset(Dataset):
       ``make prepare``; nothing is decoded;
     * **preloaded**: every image decoded once, in threads, into one ``(N, H, W)`` uint8 array; at the platform's
       CPU sizes a split fits in tens of MB and decoding costs more than augmenting;
-    * **lazily**: decoded from the original file on every access (large sets without a cache).
+    * **lazily**: decoded from the original file on every access (large sets without a cache). Every file's
+      header and end marker are checked first (:func:`training.data.images.check_file`, a few KB each), so a
+      broken or oversized file stops the command before training, not in a loader worker hours into it.
 
     Args:
         root: folder the paths are relative to.
@@ -69,10 +72,15 @@ class ManifestDataset(Dataset):
         positions: ``(N,)`` row of each image in ``store``.
         views: ``(N,)`` int view index per image (-1 unknown), added to each item as ``"view"``; None (models that
             do not route) leaves the items as they were.
+        max_pixels: largest canvas decoded (``data.max_pixels``; see :mod:`training.data.images`); it travels
+            with the dataset into loader workers.
+
+    Raises:
+        ImageDecodeError: listing every file that cannot be read (preloaded: decoded; lazily: checked).
     """
 
     def __init__(self, root, paths, targets, image_ids, image_size, transform, preload=True, threads=4,
-                 resize="stretch", store=None, positions=None, views=None):  # fmt: skip
+                 resize="stretch", store=None, positions=None, views=None, max_pixels=MAX_PIXELS):  # fmt: skip
         self.root = Path(root)
         self.paths = list(paths)
         self.targets = torch.as_tensor(np.asarray(targets, dtype=np.float32))
@@ -82,24 +90,33 @@ class ManifestDataset(Dataset):
         self.transform = transform
         self.store, self.positions = store, None if positions is None else np.asarray(positions)
         self.views = None if views is None else torch.as_tensor(np.asarray(views, dtype=np.int64))
-        if store is None and preload:
+        self.max_pixels = max_pixels
+        if store is None:
+            read = self._decode if preload else self._check
             with ThreadPoolExecutor(threads) as pool:
-                decoded = list(pool.map(self._try_decode, range(len(self.paths))))
-            failed = [f"image {self.image_ids[i]!r}: {item}" for i, item in enumerate(decoded) if isinstance(item, str)]
+                done = list(pool.map(partial(self._attempt, read), range(len(self.paths))))
+            failed = [f"image {self.image_ids[i]!r}: {error}" for i, (_, error) in enumerate(done) if error]
             if failed:  # every broken file at once, not the first of many runs
                 shown = failed[:10] + ([f"... and {len(failed) - 10} more"] if len(failed) > 10 else [])
                 raise ImageDecodeError(f"{len(failed)} of {len(self.paths)} images cannot be read (`make data-check` "
                                        "lists them all):\n  " + "\n  ".join(shown))  # fmt: skip
-            self.store = np.stack(decoded) if decoded else np.zeros((0, image_size, image_size), np.uint8)
+            if preload:
+                images = [image for image, _ in done]
+                self.store = np.stack(images) if images else np.zeros((0, image_size, image_size), np.uint8)
 
-    def _try_decode(self, index: int) -> np.ndarray | str:
+    @staticmethod
+    def _attempt(read, index: int) -> tuple[object, str | None]:
+        """``(read(index), None)``, or ``(None, message)`` when the file is missing or cannot be read."""
         try:
-            return self._decode(index)
+            return read(index), None
         except (OSError, ValueError) as error:
-            return str(error)
+            return None, str(error)
+
+    def _check(self, index: int) -> None:
+        check_file(self.root / self.paths[index], self.max_pixels)
 
     def _decode(self, index: int) -> np.ndarray:
-        return read_grayscale(self.root / self.paths[index], self.image_size, self.resize)
+        return read_grayscale(self.root / self.paths[index], self.image_size, self.resize, self.max_pixels)
 
     @property
     def images(self) -> np.ndarray | None:

@@ -1,6 +1,37 @@
-"""The error every image decoder raises, in a module of its own so decoders (DICOM, raster) need not import each
-other: :mod:`training.data.images` dispatches to :mod:`training.data.dicom`, and both raise this."""
+"""The error every image decoder raises and the canvas limit every decoder applies, in a module of their own so
+decoders (DICOM, raster) need not import each other: :mod:`training.data.images` dispatches to
+:mod:`training.data.dicom`, and both use these."""
+
+from pathlib import Path
+
+from training.errors import UserError
+
+#: How PyTorch re-raises an exception of a loader worker: the same type, built from one string that holds the
+#: worker's whole traceback (``torch.utils._utils.ExceptionWrapper.reraise``).
+WORKER_PREFIX = "Caught ImageDecodeError in DataLoader worker process"
 
 
-class ImageDecodeError(OSError):
-    """An image file exists but cannot be decoded; the message names the file and the reason."""
+class ImageDecodeError(UserError, OSError):
+    """An image file exists but cannot be decoded; the message names the file and the reason.
+
+    A :class:`~training.errors.UserError`: a broken or hostile file is the user's to fix or drop, so every entry
+    point ends it as one line, wherever it was raised. An ``OSError`` as well, so code that treats unreadable files
+    alike (missing or undecodable) keeps catching both with one clause.
+
+    Raised in a loader worker, it reaches the training process rebuilt by PyTorch with the worker's traceback as
+    its message; the message is cut back to the worker's own, so the user still reads one line.
+    """
+
+    def __init__(self, message: str = ""):
+        if message.startswith(WORKER_PREFIX):
+            message = message.rstrip().rpartition(f"{__name__}.{type(self).__qualname__}: ")[2]
+        super().__init__(message)
+
+
+def check_canvas(path: Path, size: tuple[int, int], max_pixels: int | None) -> None:
+    """Refuse a declared ``(width, height)`` canvas above ``max_pixels`` (None: no limit), before anything is
+    decoded (see :mod:`training.data.images`, "Canvas limit")."""
+    width, height = size
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageDecodeError(f"declares a {width} x {height} canvas ({width * height:,} pixels), above the limit of "
+                               f"{max_pixels:,} (data.max_pixels); not decoded: {path}")  # fmt: skip

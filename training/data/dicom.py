@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.decode_errors import ImageDecodeError
+from training.data.decode_errors import ImageDecodeError, check_canvas
 
 
 def window_output_range(dataset) -> tuple[float, float]:
@@ -25,7 +25,23 @@ def window_output_range(dataset) -> tuple[float, float]:
     return low, high
 
 
-def read_dicom(path: str | Path) -> np.ndarray:
+def dicom_size(path: str | Path, dataset=None) -> tuple[int, int]:
+    """``(Columns, Rows x NumberOfFrames)``: the canvas a DICOM header declares, all frames stacked (pydicom decodes
+    every frame), read without the pixel data.
+
+    Raises:
+        ImageDecodeError: not a DICOM file, or a header without ``Rows``/``Columns``.
+    """
+    import pydicom
+
+    try:
+        dataset = dataset if dataset is not None else pydicom.dcmread(str(path), stop_before_pixels=True)
+        return int(dataset.Columns), int(dataset.Rows) * int(dataset.get("NumberOfFrames") or 1)
+    except Exception as error:  # pydicom raises many types for unreadable files; all mean "cannot decode"
+        raise ImageDecodeError(f"cannot decode DICOM file {path}: {error}") from None
+
+
+def read_dicom(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
     """Decode a DICOM file to a 2-D array where brighter means more attenuation.
 
     The modality LUT (rescale slope/intercept) and then the first VOI LUT or window stored in the file are
@@ -40,17 +56,31 @@ def read_dicom(path: str | Path) -> np.ndarray:
     the float values of the modality LUT are returned (inverted between their own extremes for MONOCHROME1) and
     :func:`training.data.images.to_uint8` stretches them.
 
+    The header's canvas is checked against ``max_pixels`` (None: no limit) before the pixel data is read, which
+    is deferred until then (``defer_size``), so a file declaring a huge canvas costs no more than its header.
+
     Raises:
-        ImageDecodeError: not a DICOM file, no pixel data, an unsupported compression, or truncated pixel data.
+        ImageDecodeError: not a DICOM file, no pixel data, an unsupported compression, truncated pixel data, a
+            header the LUTs cannot be applied with, or a canvas above ``max_pixels``.
     """
     import pydicom
-    from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
     try:
-        dataset = pydicom.dcmread(str(path))
-        pixels = dataset.pixel_array
+        dataset = pydicom.dcmread(str(path), defer_size="64 KB")
     except Exception as error:  # pydicom raises many types for unreadable files; all mean "cannot decode"
-        raise ImageDecodeError(f"cannot decode DICOM file {path}: {error}") from error
+        raise ImageDecodeError(f"cannot decode DICOM file {path}: {error}") from None
+    check_canvas(Path(path), dicom_size(path, dataset), max_pixels)
+    try:
+        return _display_values(dataset)
+    except Exception as error:  # a header the pixel data or the LUTs contradict (bit depth, lengths, missing tags)
+        raise ImageDecodeError(f"cannot decode DICOM file {path}: {error}") from None
+
+
+def _display_values(dataset) -> np.ndarray:
+    """The modality and VOI LUTs applied, MONOCHROME1 inverted (see :func:`read_dicom`)."""
+    from pydicom.pixels import apply_modality_lut, apply_voi_lut
+
+    pixels = dataset.pixel_array
     if pixels.ndim == 3 and getattr(dataset, "SamplesPerPixel", 1) == 1:
         pixels = pixels[0]  # multi-frame: the first frame is the radiograph
     values = apply_voi_lut(apply_modality_lut(pixels, dataset), dataset, index=0).astype(np.float32)

@@ -34,14 +34,14 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from PIL import Image
 
-from training.data.images import DECODERS, decode
-from training.data.manifest import parse_labels
+from training.data.images import DECODERS, MAX_PIXELS, declared_size, decode
+from training.data.manifest import parse_manifest_labels
 
 DEFAULT_SAMPLE = 500  # decoded images per source: the pooled mean's error is then well under 0.01
 DEFAULT_SEED = 0
@@ -73,8 +73,7 @@ def header_size(path: Path) -> tuple[int, int]:
 
         dataset = pydicom.dcmread(str(path), stop_before_pixels=True)
         return int(dataset.Columns), int(dataset.Rows)
-    with Image.open(path) as image:
-        return image.size
+    return declared_size(path)  # PIL's header parser, without PIL's own pixel limit (an error past 179 MP)
 
 
 def unit_range(image: np.ndarray, path: Path) -> tuple[float, float]:
@@ -91,9 +90,9 @@ def unit_range(image: np.ndarray, path: Path) -> tuple[float, float]:
     return float(image.min()), float(image.max())  # a float image states no bit depth: its own extremes
 
 
-def pixel_sums(path: Path) -> tuple[int, float, float]:
+def pixel_sums(path: Path, max_pixels: int | None = MAX_PIXELS) -> tuple[int, float, float]:
     """Pixel count, sum and sum of squares of one image on the [0, 1] scale (pooled later into mean and SD)."""
-    image = decode(path)
+    image = decode(path, max_pixels)
     low, high = unit_range(image, path)
     values = np.clip((image.astype(np.float64) - low) / max(high - low, 1e-12), 0.0, 1.0)
     return values.size, float(values.sum()), float(np.square(values).sum())
@@ -191,7 +190,8 @@ def _try(function, path: Path):
 
 
 def measure(table: pd.DataFrame, root: str | Path, labels: Sequence[str] = (), sample: int | None = DEFAULT_SAMPLE,
-            seed: int = DEFAULT_SEED, resolution_from: str = "all", workers: int = 4) -> Heterogeneity:  # fmt: skip
+            seed: int = DEFAULT_SEED, resolution_from: str = "all", workers: int = 4,
+            max_pixels: int | None = MAX_PIXELS) -> Heterogeneity:  # fmt: skip
     """The report for a manifest table (see the module docstring).
 
     Args:
@@ -203,6 +203,7 @@ def measure(table: pd.DataFrame, root: str | Path, labels: Sequence[str] = (), s
         seed: the sample's seed (the same images every time, whatever the global random state).
         resolution_from: ``"all"`` (every image's header) or ``"sample"`` (the decoded sample's).
         workers: threads reading the files.
+        max_pixels: largest canvas decoded (``data.max_pixels``); a file declaring more counts as unreadable.
 
     Raises:
         ValueError: an unknown ``resolution_from``.
@@ -213,7 +214,9 @@ def measure(table: pd.DataFrame, root: str | Path, labels: Sequence[str] = (), s
     sources = table["source"].astype(str) if "source" in table.columns else pd.Series(ALL_SOURCES, table.index)
     sources = sources.replace("", "(none)")
     present = [c for c in labels if c in table.columns]
-    positives = pd.DataFrame({c: parse_labels(table[c].astype(str))[0] == 1 for c in present}, index=table.index)
+    positives = pd.DataFrame(
+        {c: parse_manifest_labels(table[c].astype(str))[0] == 1 for c in present}, index=table.index
+    )
     views = table["view"].map(view_group) if "view" in table.columns else pd.Series("unknown", table.index)
 
     picked = {}
@@ -227,7 +230,8 @@ def measure(table: pd.DataFrame, root: str | Path, labels: Sequence[str] = (), s
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         sizes = {n: list(pool.map(lambda p: _try(header_size, p), paths(i))) for n, i in sized.items()}
-        sums = {n: list(pool.map(lambda p: _try(pixel_sums, p), paths(i))) for n, i in picked.items()}
+        sums = {n: list(pool.map(lambda p: _try(partial(pixel_sums, max_pixels=max_pixels), p), paths(i)))
+                for n, i in picked.items()}  # fmt: skip
 
     stats = []
     for name in picked:

@@ -7,6 +7,11 @@ intensity normalisation -> resize. Documented choices:
   modality and VOI LUTs applied and MONOCHROME1 inverted (see :mod:`training.data.dicom`). A file that is cut
   short (a PNG without its ``IEND`` chunk, a JPEG without its end-of-image marker) is refused rather than decoded
   into a half-grey image, which OpenCV would otherwise do with only a warning.
+* **Canvas limit**: the canvas a file declares (width x height, times frames for DICOM) is read from its header
+  and refused above ``max_pixels`` (``data.max_pixels``, :data:`MAX_PIXELS` by default) *before* anything is
+  allocated. A few KB of PNG can declare a 40,000 x 40,000 canvas: decoding it takes gigabytes in every process
+  that tries (each loader worker), and a cap inside one decoder would not cover the others (PIL's own
+  ``MAX_IMAGE_PIXELS`` only warns below twice its value, and OpenCV and pydicom decode on their own).
 * **Colour**: RGB/BGR exports are converted to luminance; an alpha channel is dropped.
 * **Intensities**: 8-bit images are kept as stored. Deeper images (16-bit PNG, DICOM) rarely use their full
   range, so they are clipped to their 0.5th-99.5th percentiles and scaled linearly onto 0..255.
@@ -18,13 +23,20 @@ intensity normalisation -> resize. Documented choices:
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import cv2
 import numpy as np
+from PIL import BmpImagePlugin, JpegImagePlugin, PngImagePlugin, TiffImagePlugin
 
-from training.data.decode_errors import ImageDecodeError
+from training.data.decode_errors import ImageDecodeError, check_canvas
+
+#: Default of ``data.max_pixels``: five times a large radiography detector (43 x 43 cm at 100 um is 18.5
+#: megapixels; CXR-LT's PadChest films are at most about 7), so no real radiograph is refused.
+MAX_PIXELS = 100_000_000
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"IEND\xaeB`\x82"
@@ -57,9 +69,58 @@ SIGNATURES = {  # format -> (offset, magic bytes)
 }  # fmt: skip
 
 
-def check_file(path: str | Path) -> str:
-    """Cheap integrity check without decoding: the file exists, starts like a known image format and, for PNG
-    and JPEG, ends with its end marker. Reads a few KB whatever the image size.
+#: PIL's parser of each raster format's header. Called directly rather than through ``Image.open``, which applies
+#: PIL's process-wide limit (a warning, or an error at twice it) before this module can apply ``max_pixels``.
+HEADER_READERS = {
+    "PNG": PngImagePlugin.PngImageFile, "JPEG": JpegImagePlugin.JpegImageFile, "BMP": BmpImagePlugin.BmpImageFile,
+    "TIFF (little-endian)": TiffImagePlugin.TiffImageFile, "TIFF (big-endian)": TiffImagePlugin.TiffImageFile,
+}  # fmt: skip
+
+
+def image_format(path: Path, head: bytes) -> str:
+    """The format a file's first bytes announce (:data:`SIGNATURES`).
+
+    Raises:
+        ImageDecodeError: none of them (an empty file, text saved as ``.png``, a corrupt header).
+    """
+    kind = next((k for k, (at, magic) in SIGNATURES.items() if head[at : at + len(magic)] == magic), None)
+    if kind is None:
+        raise ImageDecodeError(f"not a recognised image format (empty or corrupt header): {path}")
+    return kind
+
+
+def declared_size(path: str | Path) -> tuple[int, int]:
+    """``(width, height)`` of the canvas a file's header declares, read without decoding the pixels. For a DICOM
+    the height counts every frame (``Rows`` x ``NumberOfFrames``), since pydicom decodes them all.
+
+    Raises:
+        ImageDecodeError: an unknown format, or a header its format's parser cannot read.
+    """
+    path = Path(path)
+    if path.suffix.lower() in DECODERS:
+        from training.data.dicom import dicom_size
+
+        return dicom_size(path)
+    with open(path, "rb") as handle:
+        return raster_size(path, handle)
+
+
+def raster_size(path: Path, stream: BinaryIO) -> tuple[int, int]:
+    """``(width, height)`` from the header of a PNG, JPEG, TIFF or BMP held in ``stream`` (read from its start)."""
+    kind = image_format(path, stream.read(132))
+    if kind == "DICOM":
+        raise ImageDecodeError(f"a DICOM file without the .dcm suffix (DICOM is read from .dcm files): {path}")
+    stream.seek(0)
+    try:
+        return HEADER_READERS[kind](stream).size
+    except Exception as error:  # PIL raises SyntaxError, struct.error, ... for a header it cannot parse
+        raise ImageDecodeError(f"unreadable {kind} header ({error}): {path}") from None
+
+
+def check_file(path: str | Path, max_pixels: int | None = MAX_PIXELS) -> str:
+    """Cheap integrity check without decoding: the file exists, starts like a known image format, declares a
+    canvas within ``max_pixels`` and, for PNG and JPEG, ends with its end marker. Reads a few KB whatever the
+    image size.
 
     Returns:
         The detected format.
@@ -70,48 +131,54 @@ def check_file(path: str | Path) -> str:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
+    if path.stat().st_size == 0:
+        raise ImageDecodeError(f"empty image file: {path}")
     with open(path, "rb") as handle:
         head = handle.read(132)
         handle.seek(max(0, path.stat().st_size - TAIL_BYTES))
         tail = head if len(head) < 132 else handle.read()
-    kind = next((k for k, (at, magic) in SIGNATURES.items() if head[at : at + len(magic)] == magic), None)
-    if kind is None:
-        raise ImageDecodeError(f"not a recognised image format (empty or corrupt header): {path}")
+    kind = image_format(path, head)
     check_complete(path, head[:8] + tail)
+    check_canvas(path, declared_size(path), max_pixels)
     return kind
 
 
-def _decode_raster(path: Path) -> np.ndarray:
+def _decode_raster(path: Path, max_pixels: int | None) -> np.ndarray:
     data = path.read_bytes()
     if not data:
         raise ImageDecodeError(f"empty image file: {path}")
     check_complete(path, data)
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    check_canvas(path, raster_size(path, io.BytesIO(data)), max_pixels)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as error:  # OpenCV refuses some files by raising rather than returning None
+        raise ImageDecodeError(f"cannot decode image file ({error.err}): {path}") from None
     if image is None:
         raise ImageDecodeError(f"cannot decode image file (not an image, or an unsupported format): {path}")
     return image
 
 
-def _decode_dicom(path: Path) -> np.ndarray:
+def _decode_dicom(path: Path, max_pixels: int | None) -> np.ndarray:
     from training.data.dicom import read_dicom
 
-    return read_dicom(path)
+    return read_dicom(path, max_pixels)
 
 
-DECODERS: dict[str, Callable[[Path], np.ndarray]] = {".dcm": _decode_dicom, ".dicom": _decode_dicom}
+DECODERS: dict[str, Callable[[Path, int | None], np.ndarray]] = {".dcm": _decode_dicom, ".dicom": _decode_dicom}
 
 
-def decode(path: str | Path) -> np.ndarray:
+def decode(path: str | Path, max_pixels: int | None = MAX_PIXELS) -> np.ndarray:
     """Decode one file to a 2-D grayscale array at its native bit depth.
 
     Raises:
         FileNotFoundError: the file is missing.
-        ImageDecodeError: the file is truncated, empty or not a decodable image.
+        ImageDecodeError: the file is truncated, empty, not a decodable image, or declares a canvas above
+            ``max_pixels`` (None: no limit).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
-    image = DECODERS.get(path.suffix.lower(), _decode_raster)(path)
+    image = DECODERS.get(path.suffix.lower(), _decode_raster)(path, max_pixels)
     if image.ndim == 3 and image.shape[2] == 1:
         image = image[..., 0]
     elif image.ndim == 3:  # BGR or BGRA: luminance of the colour channels, alpha dropped
@@ -163,14 +230,16 @@ RESIZERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
 }
 
 
-def read_grayscale(path: str | Path, size: int, resize: str = "stretch") -> np.ndarray:
+def read_grayscale(
+    path: str | Path, size: int, resize: str = "stretch", max_pixels: int | None = MAX_PIXELS
+) -> np.ndarray:
     """Read one image as a ``(size, size)`` uint8 array: decode, normalise, resize (see module docstring).
 
     Raises:
         FileNotFoundError: the file is missing.
-        ImageDecodeError: the file cannot be decoded.
+        ImageDecodeError: the file cannot be decoded, or declares a canvas above ``max_pixels``.
         KeyError: an unknown ``resize`` mode.
     """
     if resize not in RESIZERS:
         raise KeyError(f"unknown resize mode {resize!r}; choose one of {sorted(RESIZERS)}")
-    return RESIZERS[resize](to_uint8(decode(path)), size)
+    return RESIZERS[resize](to_uint8(decode(path, max_pixels)), size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,12 +23,18 @@ META_COLUMNS = ("image_id", "path", "split", "patient_id", "source", "view")
 REQUIRED_COLUMNS = ("image_id", "path", "split", "patient_id")
 SPLITS = ("train", "val", "test")
 MAX_LISTED = 10  # problems listed per kind before summarising
-#: Label spellings (compared lower-cased, spaces stripped); an empty cell means "not labelled". Manifests and the
-#: generic table adapter share them, so a value means the same whichever way a table reaches training.
+#: A manifest's label cells, exactly as written (docs/rules.md §6): what adapters write and what a hand-written
+#: manifest holds. ``1.0``/``0.0`` are what pandas writes for a label column with empty cells. Nothing else is
+#: guessed at: a ``yes``, ``TRUE `` or CheXpert's ``-1`` (uncertain) is refused with its line, not given a meaning.
+MANIFEST_LABELS = {"1": 1.0, "1.0": 1.0, "0": 0.0, "0.0": 0.0, "": np.nan}
+NOT_A_MANIFEST_LABEL = ("is not a manifest label: 1, 0 (or 1.0, 0.0) or an empty cell for not labelled, exactly as "
+                        "written; convert other spellings first (data=csv reads yes/no and true/false)")  # fmt: skip
+#: The spellings of tables made elsewhere (compared lower-cased, spaces stripped), which the adapters convert
+#: (data=csv, the CXR-LT release) and reader-study tables use; an empty cell means "not labelled".
 POSITIVE, NEGATIVE = ("1", "1.0", "true", "yes"), ("0", "0.0", "false", "no")
+NOT_A_LABEL = "is not 0/1 or empty (yes/no and true/false are read as 1/0)"
 #: "1.23457E+11" or "1e5": what a spreadsheet makes of a long numeric id. Such an id is refused, never read as a
 #: number: the digits the spreadsheet dropped are gone, and two images could end up with one id.
-NOT_A_LABEL = "is not 0/1 or empty (yes/no and true/false are read as 1/0)"
 SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d+)?[eE][+-]?\d+$")
 
 
@@ -82,7 +89,9 @@ def file_fingerprint(path: Path) -> str:
 
 
 def read_manifest_table(csv_path: str | Path) -> pd.DataFrame:
-    """Every cell of a manifest as text, nothing converted (``000123`` stays ``000123``, ``1e5`` stays ``1e5``).
+    """Every cell of a manifest as text, nothing converted (``000123`` stays ``000123``, ``1e5`` stays ``1e5``),
+    the ids stripped of surrounding spaces: ``img1`` and ``img1 `` look alike and are one image, so they compare
+    equal (and a repeated one is refused as duplicated).
 
     Raises:
         ManifestError: the file is missing, empty or not a CSV, named with pandas' reason (which carries the line).
@@ -91,19 +100,33 @@ def read_manifest_table(csv_path: str | Path) -> pd.DataFrame:
     if not csv_path.is_file():
         raise ManifestError(f"manifest not found: {csv_path}")
     try:
-        return pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+        table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         raise ManifestError(f"{csv_path}: empty file, not even a header line; a manifest needs the columns "
                             f"{list(REQUIRED_COLUMNS)} and one column per finding") from None  # fmt: skip
     except (pd.errors.ParserError, UnicodeDecodeError) as error:
         raise ManifestError(f"{csv_path}: not a readable CSV file: {error}") from None
+    for column in ("image_id", "patient_id"):
+        if column in table.columns:
+            table[column] = table[column].str.strip()
+    return table
+
+
+def parse_manifest_labels(values: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """A manifest's label column as float (1, 0, NaN for an empty cell) and the index of every cell that is none
+    of :data:`MANIFEST_LABELS`, compared exactly as written."""
+    text = values.astype(str)
+    known = text.isin(list(MANIFEST_LABELS))
+    return text.map(MANIFEST_LABELS).where(known).to_numpy(dtype=float), text.index[~known]
 
 
 def parse_labels(values: pd.Series) -> tuple[np.ndarray, pd.Index]:
-    """A label column as float (1, 0, NaN for an empty cell) and the index of every cell that is none of those.
+    """A label column of a table made elsewhere as float (1, 0, NaN for an empty cell) and the index of every cell
+    that is none of those.
 
-    The spellings are :data:`POSITIVE` and :data:`NEGATIVE`, case and surrounding spaces ignored, for manifests and
-    for the generic table adapter alike, so a ``yes`` means the same whichever way a table reaches training.
+    The spellings are :data:`POSITIVE` and :data:`NEGATIVE`, case and surrounding spaces ignored: exports say
+    ``TRUE`` or ``yes``. Adapters convert them and write 1/0 into the manifest, which reads only
+    :func:`parse_manifest_labels`' spellings.
     """
     text = values.astype(str).str.strip().str.lower()
     positive, negative = text.isin(POSITIVE), text.isin(NEGATIVE)
@@ -145,6 +168,7 @@ def check_manifest(
     extra_columns: Sequence[str] = (),
     check_files: bool = True,
     splits: Sequence[str] = SPLITS,
+    image_roots: Sequence[str | Path] | None = None,
 ) -> ManifestCheck:
     """The one manifest validation, shared by training, ``make data-check``, ``make prepare`` and ``make score``.
 
@@ -163,6 +187,10 @@ def check_manifest(
             mistaken for labels.
         check_files: verify every image file exists (cheap: one ``stat`` per row).
         splits: the splits that must hold at least one image.
+        image_roots: folders every image path must lie under (:func:`training.data.sources.image_roots`: the data
+            root, and any further folder the adapter declares), for the commands that read the images; None: paths
+            are not judged (``make score`` reads none; ``data.allow_outside_root=true``). See
+            :func:`outside_roots`.
 
     Raises:
         ManifestError: only when the file cannot be read as a table at all; everything else is in ``problems``.
@@ -184,9 +212,15 @@ def check_manifest(
     problems += _id_problems(table)
     problems += _split_problems(table, splits)
     for label in (c for c in ordered if c in table.columns):
-        _, bad = parse_labels(table[label])
-        problems += listed(f"bad values in {label!r}", [
-            f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} {NOT_A_LABEL}" for i in bad])  # fmt: skip
+        _, bad = parse_manifest_labels(table[label])
+        problems += listed(f"bad values in {label!r}", [f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} "
+                                                        f"{NOT_A_MANIFEST_LABEL}" for i in bad])  # fmt: skip
+    if image_roots is not None:
+        where = " or ".join(str(r) for r in image_roots)
+        problems += listed("paths outside the data root", [
+            f"line {csv_line(i)}, column 'path': {table.at[i, 'path']!r} leaves the data root {where} (paths are "
+            "relative to it, without '..'); data.allow_outside_root=true reads it anyway"
+            for i in outside_roots(table["path"], image_roots)])  # fmt: skip
     if check_files:
         missing = [i for i, rel in enumerate(table["path"]) if not (root / rel).is_file()]
         problems += listed(
@@ -205,6 +239,7 @@ def load_manifest(
     check_files: bool = True,
     splits: Sequence[str] = SPLITS,
     refused: str = "nothing was trained",
+    image_roots: Sequence[str | Path] | None = None,
 ) -> Manifest:
     """Read a manifest CSV and validate it against the task's labels (:func:`check_manifest`, which documents the
     arguments), then convert the label columns to float. ``refused`` ends the error's first line: what did not
@@ -214,15 +249,34 @@ def load_manifest(
         ManifestError: listing every problem found, each naming the file, CSV line and column.
     """
     csv_path = Path(csv_path)
-    found = check_manifest(csv_path, labels, known_findings, root, extra_columns, check_files, splits)
+    found = check_manifest(csv_path, labels, known_findings, root, extra_columns, check_files, splits, image_roots)
     if found.problems:
         raise ManifestError(f"{csv_path}: {len(found.problems)} problem(s), {refused}:\n  "
                             + "\n  ".join(found.problems))  # fmt: skip
     table = found.table
     for column in found.labels:
-        table[column] = parse_labels(table[column])[0]
+        table[column] = parse_manifest_labels(table[column])[0]
     root = Path(root) if root is not None else csv_path.parent
     return Manifest(table, root, tuple(labels), file_fingerprint(csv_path), csv_path)
+
+
+def outside_roots(paths: pd.Series, roots: Sequence[str | Path]) -> pd.Index:
+    """Index of the paths that leave every one of ``roots``: any with a ``..`` part, or absolute under none of them.
+
+    Judged on the text, not by resolving links: a symlink inside a root is followed, since only whoever can write
+    the data folder can make one (a common way to lay out a dataset spread over disks), while a manifest, often
+    made or downloaded by someone else, cannot point outside with ``../../`` or ``/home/...``. A root is matched as
+    given and resolved, so absolute paths written by an adapter (resolved) match a root given through a link.
+    """
+    folders = {Path(os.path.abspath(r)) for r in roots} | {Path(r).resolve() for r in roots}
+
+    def leaves(text: str) -> bool:
+        path = Path(text)
+        if ".." in path.parts:
+            return True
+        return path.is_absolute() and not any(path.is_relative_to(folder) for folder in folders)
+
+    return paths.index[paths.map(leaves).astype(bool)]
 
 
 def csv_line(index: int) -> int:

@@ -54,6 +54,15 @@ def manifest_vocabulary(source) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*KNOWN_FINDINGS, *(getattr(source, "labels", None) or ()))))
 
 
+def image_roots(source, allow_outside_root: bool = False) -> tuple[Path, ...] | None:
+    """The folders a source's manifest paths must lie under: its ``root`` and any further ones it declares
+    (``extra_image_roots``: the CXR-LT adapter's NIH folder), or None when the user opted out
+    (``data.allow_outside_root=true``) and any path is read (:func:`training.data.manifest.check_manifest`)."""
+    if allow_outside_root:
+        return None
+    return (Path(source.root), *(Path(r) for r in getattr(source, "extra_image_roots", ())))
+
+
 class ManifestSource:
     """An existing manifest CSV, with images relative to ``root`` (default: the CSV's folder).
 

@@ -243,6 +243,12 @@ class CXRLT2026Source(TableSource):
         self.external_source = external_source
         self.external = NIHExternal(**{"source": external_source, **dict(external)}) if external else None
 
+    @property
+    def extra_image_roots(self) -> tuple[Path, ...]:
+        """The NIH folder, whose images the manifest names by absolute path: a root they may lie under
+        (:func:`training.data.sources.image_roots`)."""
+        return (Path(self.external.root).expanduser(),) if self.external is not None else ()
+
     def sources(self, release: pd.Series) -> pd.Series:
         return release.isin(self.external_splits).map({True: self.external_source, False: self.source_label})
 
