@@ -38,14 +38,12 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
-from apps.serving import Scorer, example_request, save_artifacts, signature
 from evaluation.metric_registry import SUITE
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
-from training.runs import ModelNotFound
+from training.run_refs import ModelNotFound  # without torch: ranking needs none
 from training.targets import UnsafeConfig
 from training.tracking.run_context import DEBUG_TAG, VAL_FINGERPRINT_TAG
-from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
@@ -255,6 +253,9 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
     The pyfunc is logged into the source run (artifact ``model``), so the version's source is that run.
     Returns the ``ModelVersion`` now holding the alias.
     """
+    from apps.serving import Scorer, example_request, save_artifacts, signature  # torch: only to build a model
+    from training.tracking.tracked_run import TrackedRun  # lightning, likewise
+
     existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
     if existing:
         version = max(existing, key=lambda v: int(v.version))

@@ -12,7 +12,7 @@ import sys
 import pytest
 from mlflow import MlflowClient
 
-from apps.registry import NoCandidate, register_best
+from apps.registry import register_best
 from tests.conftest import PROJECT_ROOT
 
 NAME = "cxrlt-task1"
@@ -42,6 +42,10 @@ def store(tmp_path):
         return run_id
 
     return {"uri": uri, "client": client, "run": run, "ids": made, "tmp": tmp_path}
+
+
+def _env(store) -> dict[str, str]:
+    return {"MLFLOW_TRACKING_URI": store["uri"], "PATH": "/usr/bin:/bin", "HOME": str(store["tmp"])}
 
 
 def champion(client: MlflowClient) -> str:
@@ -119,9 +123,8 @@ def test_an_explicit_run_is_registered_and_said_to_be_incomparable_with_the_cham
 
 def test_python_m_apps_registry_prints_the_ranking_and_the_exclusions(store):
     ids = issue_store(store)
-    env = {"MLFLOW_TRACKING_URI": store["uri"], "PATH": "/usr/bin:/bin", "HOME": str(store["tmp"])}
-    done = subprocess.run([sys.executable, "-m", "apps.registry", "--task", "task1"], env=env, cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "apps.registry", "--task", "task1"], env=_env(store),
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout + done.stderr
     assert "ranking 2 comparable run(s) by val/mAP" in out and f"   1. {ids['a2']}  0.3500  a2" in out
@@ -130,9 +133,13 @@ def test_python_m_apps_registry_prints_the_ranking_and_the_exclusions(store):
     assert champion(store["client"]) == ids["a2"]
 
 
-def test_nothing_comparable_names_the_exclusions(store):
-    store["run"]("smoke", 0.9, debug=True)
-    with pytest.raises(NoCandidate) as raised:
-        register_best(store["client"], "task1", "val/mAP")
-    assert str(raised.value) == ("no comparable finished run in experiment 'task1' logged 'val/mAP' (1 run(s) "
-                                 "excluded, listed above)")  # fmt: skip
+def test_nothing_comparable_is_one_line_naming_the_exclusions_and_registers_nothing(store):
+    smoke = store["run"]("smoke", 0.9, debug=True)
+    done = subprocess.run([sys.executable, "-m", "apps.registry", "--task", "task1"], env=_env(store),
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert ("error: no comparable finished run in experiment 'task1' logged 'val/mAP' (1 run(s) excluded, listed "
+            "above)") in done.stderr.splitlines()  # fmt: skip
+    assert f"1 debug run(s) (a debug preset's subset; ARGS=--include-debug ranks them): {smoke}" in done.stderr
+    assert store["client"].get_registered_model(NAME).aliases == {}  # no champion named, no version added
+    assert len(store["client"].search_model_versions(f"name = '{NAME}'")) == 1
