@@ -69,7 +69,7 @@ def model_run(model: str, client: MlflowClient):
     from mlflow.exceptions import MlflowException
 
     from apps.benchmarks.framework.protocol import BadInput
-    from training.runs import MODEL_URI, resolve_run
+    from training.run_refs import MODEL_URI, resolve_run
 
     try:
         run_id, version = resolve_run(model, client)
@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     uri = args.tracking_uri or resolve_tracking_uri()
     client = tracking_client(uri)
-    card = load_card(args.card, args.config_dir)  # checked before anything runs
-    source, registered = model_run(args.model, client)
+    source, registered = model_run(args.model, client)  # the store answers before the protocols' modules load
+    card = load_card(args.card, args.config_dir)  # checked against the protocols before any benchmark runs
     run_id = source.info.run_id
     task = str(source.data.params.get("task.name", "?"))
     result = build(card, args.model.strip(), uri, args)
