@@ -12,27 +12,46 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 
 
-def _shell_line(target: str, *variables: str) -> str:
+def _shell_line(target: str, *variables: str, marker: str = "mlflow ") -> str:
     """The recipe line ``make -n`` prints for ``target`` (setup is up to date or skipped with -o)."""
     done = subprocess.run(["make", "--no-print-directory", "-n", "-o", "setup", "-o", ".venv/.installed", target,
                            *variables], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)  # fmt: skip
-    (line,) = [line for line in done.stdout.splitlines() if "mlflow " in line]
+    (line,) = [line for line in done.stdout.splitlines() if marker in line]
     return line
 
 
-@pytest.mark.parametrize(("target", "variables"), [("serve", ("TASK=task1",)), ("ui", ())])
 @pytest.mark.parametrize("configured", [None, "sqlite:////tmp/team/mlflow.db"])
-def test_serve_and_ui_use_the_resolved_store(target, variables, configured):
-    line = _shell_line(target, *variables)
+def test_ui_uses_the_resolved_store(configured):
+    line = _shell_line("ui")
     assert "training.tracking.uri" in line  # the same function the code uses decides
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     if configured:
         env["MLFLOW_TRACKING_URI"] = configured
     # Run the line's store expression as the target would and read back the store it hands MLflow.
-    if target == "serve":  # the server resolves models:/ in the store of its environment
-        (assignment,) = re.findall(r'MLFLOW_TRACKING_URI="[^"]*"', line)
-        probe = f"{assignment} printenv MLFLOW_TRACKING_URI"
-    else:  # the UI shows the store given as --backend-store-uri
-        probe = "echo " + line.split("--backend-store-uri", 1)[1].split("--host")[0].strip()
+    probe = "echo " + line.split("--backend-store-uri", 1)[1].split("--host")[0].strip()
     out = subprocess.run(["bash", "-c", probe], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     assert out.stdout.strip() == (configured or "sqlite:///mlruns/mlflow.db")
+
+
+@pytest.mark.parametrize("configured", [None, "sqlite:////tmp/team/mlflow.db"])
+def test_serve_hands_mlflow_the_resolved_store(configured, monkeypatch):
+    """``make serve`` runs apps.serve, which checks the model and then becomes ``mlflow models serve`` with the
+    store :func:`training.tracking.uri.resolve_tracking_uri` resolves in its environment."""
+    from apps import serve
+
+    line = _shell_line("serve", "TASK=task1", "PORT=5001", marker="apps.serve")
+    assert re.search(r"-m apps\.serve --model 'models:/cxrlt-task1@champion' --port 5001 *$", line), line
+    if configured:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", configured)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    checked, started = [], []
+    monkeypatch.setattr(serve, "check_model", lambda model, uri: checked.append((model, uri)))
+    monkeypatch.setattr(serve.os, "execve", lambda path, command, env: started.append((command, env)))
+    serve.main(["--model", "models:/cxrlt-task1@champion", "--port", "5001"])
+    uri = configured or "sqlite:///mlruns/mlflow.db"
+    ((command, env),) = started
+    assert checked == [("models:/cxrlt-task1@champion", uri)] and env["MLFLOW_TRACKING_URI"] == uri
+    assert command[1:] == ["models", "serve", "-m", "models:/cxrlt-task1@champion", "--env-manager", "local", "-h",
+                           "127.0.0.1", "-p", "5001"]  # fmt: skip
+    assert serve.IMAGE_ROOT_ENV not in env  # no image root unless given
