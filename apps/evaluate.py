@@ -14,8 +14,8 @@ from omegaconf import DictConfig
 
 from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
-from training.run_refs import finished_run
-from training.tracking.uri import resolve_tracking_uri, tracking_client
+from training.run_refs import existing_store_client, finished_run
+from training.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -57,7 +57,7 @@ def evaluate_run(
 @hydra_user_errors()  # a refused stored config (UnsafeConfig) or an unknown run (ModelNotFound): UserErrors
 def main(cfg: DictConfig) -> None:
     reference = str(cfg.run)  # `run=???` (no RUN given) is refused here, before MLflow is imported
-    client = tracking_client(resolve_tracking_uri(cfg.get("tracking_uri")))
+    client = existing_store_client(resolve_tracking_uri(cfg.get("tracking_uri")))  # a missing store is not created
     finished_run(reference, client)  # an unknown or unfinished run, before the model stack is imported
     from evaluation.report import summary_lines
 

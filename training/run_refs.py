@@ -14,6 +14,8 @@ import re
 from typing import TYPE_CHECKING
 
 from training.errors import UserError
+from training.tracking.store_lock import database_path
+from training.tracking.uri import tracking_client
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -79,3 +81,17 @@ def finished_run(reference: str, client: MlflowClient) -> tuple[Run, str | None]
     if run.info.status != "FINISHED":
         raise RunNotFinished(f"run {run_id} is {run.info.status}; only a finished run has a tested best checkpoint")
     return run, version
+
+
+def existing_store_client(uri: str) -> MlflowClient:
+    """A client on the store at ``uri``, refusing a local SQLite store that is not there: a command that reads a
+    run must not leave an empty ``mlflow.db`` behind (a mistyped ``MLFLOW_TRACKING_URI``, a fresh clone).
+
+    Raises:
+        ModelNotFound: no database file at the store's path.
+    """
+    database = database_path(uri)
+    if database is not None and not database.is_file():
+        raise ModelNotFound(f"no MLflow store at {database} ({uri}): train a run first, or set MLFLOW_TRACKING_URI "
+                            "to the store that holds it")  # fmt: skip
+    return tracking_client(uri)

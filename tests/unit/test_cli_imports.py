@@ -34,14 +34,26 @@ COMMANDS = [
     (["apps.benchmarks.cli", "--name", "pneumonai", "--model", "x", "--data-root", "."], 2, []),  # unknown name
     (["apps.benchmarks.cli", "--name", "pneumonia", "--data-root", "."], 2, []),  # no MODEL
     (["apps.evaluate"], 1, []),  # run=??? (the Makefile asks for RUN first; python -m does not)
-    (["apps.evaluate", "run=nonexistent"], 1, ["mlflow"]),  # the store must be asked; the model stack not
+    (["apps.evaluate", "run=nonexistent"], 1, []),  # no store: refused without MLflow, and none created
 ]
 
 
 @pytest.mark.parametrize(("command", "code", "allowed"), COMMANDS, ids=[" ".join(c[0]) for c in COMMANDS])
 def test_a_command_that_lists_or_refuses_imports_no_torch_nor_lightning(command, code, allowed, tmp_path):
+    assert _probe(command, tmp_path) == {"code": code, "heavy": allowed}
+    assert not (tmp_path / "mlflow.db").exists()  # nothing left behind
+
+
+def test_an_unknown_run_is_refused_after_asking_the_store_but_before_the_model_stack(tmp_path):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    subprocess.run([sys.executable, "-c", f"from mlflow import MlflowClient; MlflowClient({store!r}).search_experiments()"],
+                   cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=300)  # fmt: skip
+    assert _probe(["apps.evaluate", "run=nonexistent"], tmp_path) == {"code": 1, "heavy": ["mlflow"]}
+
+
+def _probe(command: list[str], tmp_path) -> dict:
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", PROBE, *command], cwd=PROJECT_ROOT, env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"code": code, "heavy": allowed}, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.strip(), done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
