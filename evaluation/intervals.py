@@ -45,8 +45,9 @@ def left_out_note(metrics: dict[str, float], prefix: str = "test", n_boot: int |
     else:
         parts = [f"all {classes} classes have a positive in {prefix}"]
     if resamples:
-        parts.append(f"{resamples}{of} resamples lost {'a further' if left_out else 'a'} class and left it out too, "
-                     "so an estimate can sit outside its CI")  # fmt: skip
+        further, too = ("a further", " too") if left_out else ("a", "")
+        parts.append(f"{resamples}{of} resamples lost {further} class and left it out{too}, so an estimate can sit "
+                     "outside its CI")  # fmt: skip
     auroc = classes_left_out(metrics, prefix, "mAUROC")
     if auroc is not None and auroc[0] > left_out:
         parts.append(f"mAUROC, which needs a negative too, leaves out {auroc[0]} of {auroc[1]}")
