@@ -4,7 +4,9 @@ For predictions made outside the platform (an ensemble, another team's export): 
 bootstrap as every tracked run. What is scored depends on the task's ``submission_format``
 (``configs/task/<task>.yaml``, :data:`SCORERS`):
 
-- ``probabilities`` (the default): a probability CSV against a manifest split, every metric of the suite;
+- ``probabilities`` (the default): a probability CSV against a manifest split, every metric of the suite, on the
+  classes the task submits (:func:`task_labels`); the file's id and class columns may be spelt the platform's or
+  the organisers' way (:mod:`evaluation.prediction_columns`), so ``make submit``'s own file is scored as written;
 - ``concepts`` (``task=rocov2_concepts``): an ImageCLEF run file (``<ID>,<CUI>;<CUI>``) against a concept
   ground-truth table (``ID,CUIs``, ``MANIFEST=``), by the organisers' mean per-image F1
   (:mod:`apps.benchmarks.imageclef_concepts.scoring`): the primary F1 on all concepts, the secondary F1 on the manually validated
@@ -70,12 +72,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def task_labels(task: str) -> list[str]:
-    """The label columns of ``configs/task/<task>.yaml``."""
+    """The classes a submission of ``configs/task/<task>.yaml`` holds, which are the ones scored: a zero-shot
+    task's ``unseen`` classes (CXR-LT Task 2 submits and is ranked on those alone, docs/rules.md §1), else its
+    ``labels``."""
     path = CONFIGS / "task" / f"{task}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise UserError(f"--task {task}: no {path}; tasks: {names}")
-    return list(OmegaConf.load(path).labels)
+    config = OmegaConf.load(path)
+    return list(config.get("unseen") or config.labels)
 
 
 def score(args: argparse.Namespace) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from apps.score import score
 from apps.submission import SubmissionError, Template, build_submission
 from evaluation.prediction_columns import PredictionsError, id_column, to_platform
 from evaluation.predictions import align_predictions, read_predictions
+from training.data.findings import TASK2_LABELS
 
 LABELS = ["Pleural Effusion", "Cardiomegaly", "Support Devices"]
 IDS = ["000123", "img1", "img2"]
@@ -61,3 +65,16 @@ def test_a_template_whose_first_column_is_no_id_is_refused(tmp_path):
         Template.read(path)
     with pytest.raises(SubmissionError, match=r"template not found: .*missing\.csv"):
         Template.read(tmp_path / "missing.csv")
+
+
+def test_a_task2_submission_is_scored_on_the_unseen_classes_it_holds(make_manifest, capsys):
+    """Task 2 submits only its six unseen columns (docs/rules.md §1): make score TASK=task2 scores exactly those."""
+    manifest = make_manifest(n=60)
+    test = pd.read_csv(manifest, dtype=str).query("split == 'test'")
+    ids = test["image_id"].tolist()
+    probs = np.random.default_rng(0).random((len(ids), len(TASK2_LABELS)))
+    path = manifest.with_name("task2.csv")
+    build_submission(Template.default(TASK2_LABELS, ids), ids, probs, TASK2_LABELS).to_csv(path, index=False)
+    score(SimpleNamespace(predictions=path, manifest=manifest, split="test", task="task2", n_boot=10))
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{path} on {manifest} [test], {len(ids)} images")
