@@ -2,9 +2,9 @@
 
 Started directly, ``mlflow models serve -m models:/cxrlt-task1@champion`` on a store without that model printed a
 54-line traceback ending in ``Registered Model with name=cxrlt-task1 not found`` and created an empty
-``mlruns/mlflow.db`` on the way. Here the store and the reference are checked first, reading only (a SQLite store
-that is not there is reported, never created), and a missing one is one line naming the store and what to run;
-only then is the process replaced by MLflow's server, which resolves the same reference the same way.
+``mlruns/mlflow.db`` on the way. Here the store and the reference are checked first (:mod:`training.run_refs`, as
+for every command that takes a model; a SQLite store that is not there is reported, never created), and a missing
+one is one line naming the store and what to run; only then is the process replaced by MLflow's server.
 
 What the served model may read (docs/tuning-registry-submission.md, "Serving"): a request's ``image_b64`` always;
 an ``image`` path only under the folder given as ``--image-root`` (``make serve IMAGE_ROOT=...``), which reaches the
@@ -20,46 +20,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.errors import UserError, user_errors
-from training.tracking.store_lock import database_path
+from training.run_refs import ModelNotFound, existing_store_client, finished_run
 from training.tracking.uri import resolve_tracking_uri
 
 #: The folder under which the served model opens ``image`` paths; unset: it opens none (read by apps.serving).
 IMAGE_ROOT_ENV = "CXRLT_SERVE_IMAGE_ROOT"
 
 
-class ModelMissing(UserError, LookupError):
-    """The model to serve is not in the store (or the store is not there)."""
-
-
 def check_model(reference: str, uri: str) -> None:
-    """Resolve ``reference`` in the store at ``uri`` without writing anything.
+    """Resolve ``reference`` to a finished run in the store at ``uri``, as every command that takes a model does
+    (:mod:`training.run_refs`), without creating a store that is not there.
 
     Raises:
-        ModelMissing: no store file, no such registered model/alias/version, run or model folder.
+        ModelNotFound: no store file, or no such registered model, alias, version or run (with what to run).
+        RunNotFinished: the run behind it is not FINISHED.
     """
-    database = database_path(uri)
-    if database is not None and not database.is_file():
-        raise ModelMissing(f"no MLflow store at {database} ({uri}), so no {reference} to serve: train and "
-                           "`make register` first, or set MLFLOW_TRACKING_URI to the store that holds it")  # fmt: skip
-    if not reference.startswith(("models:/", "runs:/")):
-        if not Path(reference).exists():
-            raise ModelMissing(f"{reference}: no such model folder")
-        return
-    from mlflow import MlflowClient  # imported here: a bad argument is reported before MLflow loads
-    from mlflow.exceptions import MlflowException
-    from mlflow.store.artifact.utils.models import get_model_name_and_version
-
-    client = MlflowClient(uri)
     try:
-        if reference.startswith("runs:/"):
-            client.get_run(reference.removeprefix("runs:/").split("/")[0])
-        else:
-            name, version = get_model_name_and_version(client, reference)
-            client.get_model_version(name, version)
-    except MlflowException as error:
-        cause = error.message.splitlines()[0]
-        raise ModelMissing(f"{reference}: not in the store {uri} ({cause}); `make register TASK=<task>` registers "
-                           "a champion, `make register RUN=<run id>` a given run") from None  # fmt: skip
+        finished_run(reference, existing_store_client(uri))
+    except ModelNotFound as error:
+        raise ModelNotFound(f"{error}; `make register TASK=<task>` registers a champion to serve") from None
 
 
 def server_environment(image_root: Path | None) -> dict[str, str]:

@@ -38,9 +38,9 @@ def one_error(done: subprocess.CompletedProcess) -> str:
 
 def test_make_serve_without_a_store_is_one_line_and_creates_nothing(tmp_path):
     done = make("serve", "PORT=1", env=store_env(tmp_path), timeout=120)
-    assert one_error(done) == (f"error: no MLflow store at {tmp_path}/mlflow.db (sqlite:///{tmp_path}/mlflow.db), so "
-                               "no models:/cxrlt-task1@champion to serve: train and `make register` first, or set "
-                               "MLFLOW_TRACKING_URI to the store that holds it")  # fmt: skip
+    assert one_error(done) == (f"error: no MLflow store at {tmp_path}/mlflow.db (sqlite:///{tmp_path}/mlflow.db): "
+                               "train a run first, or set MLFLOW_TRACKING_URI to the store that holds it; `make "
+                               "register TASK=<task>` registers a champion to serve")  # fmt: skip
     assert list(tmp_path.iterdir()) == []  # no empty mlflow.db left behind
 
 
@@ -57,9 +57,9 @@ def test_serving_an_unregistered_model_is_one_line(tmp_path, monkeypatch, capsys
     env = store_env(tmp_path)
     MlflowClient(env["MLFLOW_TRACKING_URI"]).search_experiments()  # a store without any registered model
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
-    assert reported(serve.main, [], capsys).startswith(
-        f"error: models:/cxrlt-task1@champion: not in the store sqlite:///{tmp_path}/mlflow.db (Registered Model "
-        "with name=cxrlt-task1 not found); `make register"
+    assert reported(serve.main, [], capsys) == (
+        f"error: models:/cxrlt-task1@champion: no such registered model version in sqlite:///{tmp_path}/mlflow.db; "
+        "`make register TASK=<task>` registers a champion to serve"
     )
     assert reported(serve.main, ["--image-root", f"{tmp_path}/nowhere"], capsys) == (
         f"error: --image-root {tmp_path}/nowhere: no such folder"
