@@ -255,3 +255,14 @@ def test_a_resumed_run_keeps_the_epoch_values_it_already_holds(remote_logger):
     logger.log_metrics({"val/mAP": 0.8, "val/mAUROC": 0.7, "epoch": 3})
     logger.log_metrics({"val/mAP": 0.6, "epoch": 4})
     assert client.batches == [[("val/mAUROC", 0.7, 3)], [("val/mAP", 0.6, 4)]]
+
+
+def test_a_run_resumed_after_a_kill_in_its_test_phase_logs_each_final_value_once(remote_logger, tmp_path):
+    """Killed after ``best_epoch``, ``val/mAP_best`` and a first test batch were stored, the resumed process runs the
+    test phase again: the run keeps those values and gets only the ones it lacks (issue 30, 14)."""
+    logger, client, state = remote_logger
+    logger.logged_steps = {("best_epoch", 0), ("val/mAP_best", 0), ("test/mAP", 0)}  # what remember_logged found
+    session = TrackingSession(logger, "run123", tmp_path / "ckpt", None, "http://127.0.0.1:1", reconnect_timeout=5)
+    session.log_metrics({"best_epoch": 3, "val/mAP_best": 0.2})
+    session.log_metrics({"test/mAP": 0.3, "test/mAUROC": 0.6})
+    assert [[(key, step) for key, _, step in batch] for batch in client.batches] == [[("test/mAUROC", 0)]]

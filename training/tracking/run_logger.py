@@ -53,14 +53,21 @@ class RunLogger(MLFlowLogger):
         self.logged_steps: set[tuple[str, int]] = set()
 
     def remember_logged(self) -> None:
-        """Note every ``(key, step)`` the resumed run already holds, so no epoch is logged twice.
+        """Note every ``(key, step)`` the resumed run already holds, so no value is logged twice (:meth:`not_logged`).
 
         Lightning may re-run the end of the epoch a checkpoint was saved in (its validation, hence its metrics)
-        when it resumes from that checkpoint; the run keeps the value it already has.
+        when it resumes from that checkpoint, and a run killed in its test phase runs that phase again; the run
+        keeps the value it already has (the same one: the test phase is a function of the kept checkpoint).
         """
         client, run_id = self.experiment, self.run_id
         for key in client.get_run(run_id).data.metrics:
             self.logged_steps.update((key, m.step) for m in client.get_metric_history(run_id, key))
+
+    def not_logged(self, metrics: dict, step: int) -> dict:
+        """``metrics`` without the values the resumed run already holds at ``step``: every value the run logs, per
+        epoch or once (``best_epoch``, ``test/...``), goes through here, so a resume after a kill in any phase logs
+        each ``(key, step)`` once."""
+        return {k: v for k, v in metrics.items() if (k, step) not in self.logged_steps}
 
     def finalize(self, status: str = "success") -> None:
         """Ignore Lightning's per-stage finalisation (see class docstring)."""
@@ -80,10 +87,9 @@ class RunLogger(MLFlowLogger):
         metrics = dict(metrics)
         epoch = metrics.pop("epoch", None)
         step = int(epoch) if epoch is not None else step
-        if self.logged_steps:
-            metrics = {k: v for k, v in metrics.items() if (k, step or 0) not in self.logged_steps}
-            if not metrics:
-                return
+        metrics = self.not_logged(metrics, step or 0)
+        if not metrics:
+            return
         if not is_remote(self._tracking_uri or ""):
             super().log_metrics(metrics, step)
             return

@@ -130,9 +130,9 @@ class TrackingSession:
             self.client.set_tag(self.run_id, key, value)
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
-        """Log final (non-epoch) metrics in MLflow's batch-size chunks."""
+        """Log final (non-epoch) metrics in MLflow's batch-size chunks; a resumed run keeps those it holds."""
         self.await_server()
-        log_metric_batch(self.client, self.run_id, metrics, step)
+        log_metric_batch(self.client, self.run_id, self.logger.not_logged(metrics, step), step)
 
     def close(self, status: str) -> None:
         """Mark the run FINISHED, FAILED or KILLED; on success drop the local working checkpoints.
