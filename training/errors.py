@@ -37,7 +37,8 @@ class UserError(Exception):
     """Base of the errors a user causes and fixes from the message alone (bad data, bad input, bad override).
 
     Subclasses: :class:`training.data.manifest.ManifestError`, :class:`training.data.adapters.base.AdapterError`,
-    :class:`OverrideError`. Exceptions of other modules that mean the same (``PredictionsError``,
+    :class:`training.data.decode_errors.ImageDecodeError` (an image that cannot be decoded, or declares too large a
+    canvas), :class:`OverrideError`. Exceptions of other modules that mean the same (``PredictionsError``,
     ``SubmissionError``, ``UnsafeConfig``, ``ModelNotFound``) are declared by the entry points that can meet them.
     """
 
