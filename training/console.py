@@ -4,14 +4,21 @@ Lightning announces GPU/TPU availability on every start, advertises its cloud pr
 whose FLOPs column is always 0 here (FLOPs are only counted on a meta-device pass the trainer never makes) and
 shows the logger's version, an MLflow run id, as ``v_num`` in the progress bar. None of it helps a user reading
 the terminal; the run's summary at the end (``training.pipeline``) does.
+
+Progress shows on a terminal as Lightning's rich bar, which redraws one line in place; written to a file (``nohup``,
+``tee``, a cluster job's log) that bar shows nothing until the fit ends, so there each epoch is one log line instead
+(:class:`EpochLines`).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
+import sys
+import time
 import warnings
 
-from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 log = logging.getLogger(__name__)
@@ -31,12 +38,30 @@ class _DropNoise(logging.Filter):
         return not str(record.getMessage()).startswith(NOISE)
 
 
+#: Loggers to which Lightning's packages attach a console handler of their own when imported: ``lightning`` always
+#: (``INFO: ...`` on stderr, still propagating to the root), its subpackages when the root had no handler yet.
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+
+
 def quiet_lightning() -> None:
-    """Filter Lightning's noise lines and its pytree deprecation warning (idempotent)."""
+    """Filter Lightning's noise lines and its pytree deprecation warning, and print each of its lines once
+    (idempotent; call it before Lightning logs anything, e.g. ``Seed set to 42``).
+
+    Once the entry point has configured logging (Hydra's handler on the root logger), Lightning's own console
+    handlers repeat every line it logs (``INFO: Seed set to 42`` on stderr, then ``Seed set to 42`` from the root's
+    handler); they are removed and its records go through the root's handlers alone. Without a root handler they
+    stay, as they are then the only way Lightning's lines reach the terminal.
+    """
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropNoise) for f in logger.filters):
         logger.addFilter(_DropNoise())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    if logging.getLogger().handlers:
+        for name in LIGHTNING_LOGGERS:
+            package = logging.getLogger(name)
+            for handler in [h for h in package.handlers if type(h) is logging.StreamHandler]:
+                package.removeHandler(handler)
+            package.propagate = True
 
 
 class CompactSummary(ModelSummary):
@@ -57,6 +82,82 @@ class QuietProgressBar(RichProgressBar):
         return items
 
 
-def console_callbacks(progress_bar: bool) -> list:
-    """The callbacks that replace Lightning's defaults (a progress bar only when the trainer shows one)."""
-    return [CompactSummary(), *([QuietProgressBar()] if progress_bar else [])]
+def epoch_line(epoch: int, max_epochs: int | None, steps_per_s: float, metrics: dict, monitor: str,
+               eta_s: float | None) -> str:  # fmt: skip
+    """``epoch 2/7: 11.8 step/s, train/loss 0.2417, val/mAP 0.0781, ETA 0:05:12``: the epoch counted from 0 out
+    of the last one, as the MLflow step and ``best epoch`` of the summary count it; ``-`` for what is not known
+    (no validation that epoch, no epoch limit)."""
+
+    def value(key: str) -> str:
+        return f"{float(metrics[key]):.4f}" if key in metrics else "-"
+
+    last = f"/{max_epochs - 1}" if max_epochs and max_epochs > 0 else ""
+    eta = str(datetime.timedelta(seconds=round(eta_s))) if eta_s is not None else "-"
+    return (f"epoch {epoch}{last}: {steps_per_s:.1f} step/s, train/loss {value('train/loss')}, "
+            f"{monitor} {value(monitor)}, ETA {eta}")  # fmt: skip
+
+
+class EpochLines(ProgressBar):
+    """One log line per finished epoch (:func:`epoch_line`), for output that is not a terminal.
+
+    An epoch's line is written once the epoch is wholly done, its training loss and checkpoint included (the
+    module logs ``train/loss`` in its own ``on_train_epoch_end``, which Lightning calls after every callback's):
+    at the start of the next epoch, or when the fit ends. Step/s counts optimiser steps over the training part of
+    the epoch; the ETA is the mean epoch time of this process times the epochs left (an upper bound when early
+    stopping ends the fit sooner).
+    """
+
+    def __init__(self, monitor: str):
+        super().__init__()
+        self.monitor = monitor
+        self.enabled = True
+        self._fit_started = self._epoch_started = self._train_seconds = 0.0
+        self._epochs = self._steps_at_start = self._steps = 0
+        self._pending: int | None = None  # the finished epoch whose line is not written yet
+
+    def disable(self) -> None:
+        self.enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._fit_started, self._epochs = time.monotonic(), 0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._write(trainer)
+        self._epoch_started, self._steps_at_start, self._train_seconds = time.monotonic(), trainer.global_step, 0.0
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:  # the epoch's training part ends here
+            self._train_seconds = time.monotonic() - self._epoch_started
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._pending = trainer.current_epoch
+        self._train_seconds = self._train_seconds or time.monotonic() - self._epoch_started
+        self._steps = trainer.global_step - self._steps_at_start
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._write(trainer)
+
+    def _write(self, trainer) -> None:
+        if self._pending is None:
+            return
+        epoch, self._pending = self._pending, None
+        self._epochs += 1
+        if not self.enabled:
+            return
+        per_epoch = (time.monotonic() - self._fit_started) / self._epochs
+        left = trainer.max_epochs - 1 - epoch if trainer.max_epochs and trainer.max_epochs > 0 else None
+        rate = self._steps / self._train_seconds if self._train_seconds > 0 else 0.0
+        metrics = trainer.callback_metrics
+        log.info("%s", epoch_line(epoch, trainer.max_epochs, rate, metrics, self.monitor,
+                                  per_epoch * left if left is not None else None))  # fmt: skip
+
+
+def console_callbacks(progress_bar: bool, monitor: str, terminal: bool | None = None) -> list:
+    """The callbacks that replace Lightning's defaults: the rich bar on a terminal, one line per epoch elsewhere
+    (``terminal`` None: whether stdout is one), nothing when the trainer shows no progress."""
+    terminal = sys.stdout.isatty() if terminal is None else terminal
+    bar = QuietProgressBar() if terminal else EpochLines(monitor)
+    return [CompactSummary(), *([bar] if progress_bar else [])]

@@ -122,14 +122,14 @@ def run_training(
         status_on_error: maps the exception that ended the run to its MLflow status (a tuning trial ends a
             pruned run KILLED rather than FAILED).
     """
+    quiet_lightning()  # first: each of Lightning's lines printed once, from the seed's on
     L.seed_everything(cfg.seed, workers=True)
     checkpoint, latest = checkpoint_callbacks(cfg)  # their folder is the run's, set once rank 0 opened it
     # Built before the run exists: its strategy says which process this is. The logger is attached on rank 0 only.
-    quiet_lightning()
-    progress = cfg.trainer.get("enable_progress_bar", True)
+    progress = console_callbacks(cfg.trainer.get("enable_progress_bar", True), str(cfg.checkpoint.monitor))
     trainer = L.Trainer(
         **cfg.trainer, logger=False,
-        callbacks=[checkpoint, latest, *console_callbacks(progress), *config_callbacks(cfg), *callbacks],
+        callbacks=[checkpoint, latest, *progress, *config_callbacks(cfg), *callbacks],
         plugins=[AtomicCheckpointIO()],
         default_root_dir=cfg.tracking.checkpoint_root,
     )  # fmt: skip

@@ -1,7 +1,9 @@
 """Kill a training during its second epoch, resume it: same run, every epoch logged exactly once, and the same
-numbers as a training that was never interrupted."""
+numbers as a training that was never interrupted. Killed again in its test phase and resumed, it still logs every
+value once. The logs go to files, as a cluster job's do: each epoch is one progress line there."""
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -17,8 +19,40 @@ EPOCH_KEYS = ("train/loss", "train/lr", "val/mAP", "val/mAUROC")
 
 
 def _overrides(data_root) -> tuple[str, ...]:
-    return ("debug=smoke", f"trainer.max_epochs={EPOCHS}", "data.batch_size=8", f"data.source.root={data_root}",
-            "trainer.enable_progress_bar=false")  # fmt: skip
+    return ("debug=smoke", f"trainer.max_epochs={EPOCHS}", "data.batch_size=8", f"data.source.root={data_root}")
+
+
+#: ``python -m training.train`` that SIGKILLs itself in its test phase, right after its first test metrics were
+#: stored (``best_epoch`` and ``val/mAP_best`` are logged before them): a kill at a known point of that phase.
+KILLED_IN_TEST_PHASE = """
+import os, runpy, signal
+import training.pipeline as pipeline
+test_phase = pipeline.run_test_phase
+def killed_in_test_phase(model, datamodule, cfg, session):
+    log = session.log_metrics
+    def log_then_die(metrics, *args, **kwargs):
+        log(metrics, *args, **kwargs)
+        if any(key.startswith("test/") for key in metrics):
+            os.kill(os.getpid(), signal.SIGKILL)
+    session.log_metrics = log_then_die
+    return test_phase(model, datamodule, cfg, session)
+pipeline.run_test_phase = killed_in_test_phase
+runpy.run_module("training.train", run_name="__main__")
+"""
+
+#: One progress line per epoch (training/console.py, EpochLines): ``epoch 2/3: 11.8 step/s, train/loss ..., ETA ...``.
+PROGRESS = re.compile(rf"^epoch (\d+)/{EPOCHS - 1}: \d+\.\d step/s, train/loss \d\.\d{{4}}, val/mAP \d\.\d{{4}}, "
+                      r"ETA \d+:\d\d:\d\d$", re.MULTILINE)  # fmt: skip
+
+
+def _progress_epochs(output: str) -> list[int]:
+    return [int(epoch) for epoch in PROGRESS.findall(output)]
+
+
+def _once_each(output: str) -> None:
+    """Lightning's lines printed once, not also by its own console handler (``INFO: Seed set to 42``)."""
+    assert output.count("Seed set to 42") == 1, output[:2000]
+    assert "INFO: " not in output, output[:2000]
 
 
 #: CPU seconds a smoke training of EPOCHS epochs may use: several times what it takes (about 60 to 120 CPU s on
@@ -56,15 +90,19 @@ def _kill_after_checkpoint(out, env, overrides, epoch: int) -> tuple[str, int]:
     return last.parent.name, killed_at
 
 
-def _resume(out, env, overrides, run_id: str) -> None:
-    log = out / "resumed.log"
+def _resume(out, env, overrides, run_id: str, name: str = "resumed", killed_in_test_phase: bool = False) -> str:
+    """Resume the run (and SIGKILL it in its test phase if asked); returns what it printed."""
+    log = out / f"{name}.log"
+    command = train_command(out, *overrides, "resume=true")
+    if killed_in_test_phase:
+        command[1:3] = ["-c", KILLED_IN_TEST_PHASE]  # `python -m training.train ...` with the kill patched in
     with log.open("w") as sink:
-        second = subprocess.Popen(train_command(out, *overrides, "resume=true"), env=env, stdout=sink,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
-    wait_working(second, "the resumed training", TRAINING_CPU_SECONDS)
+        second = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    wait_working(second, f"the {name} training", TRAINING_CPU_SECONDS)
     output = log.read_text()
-    assert second.returncode == 0, output[-3000:]
+    assert second.returncode == (-9 if killed_in_test_phase else 0), output[-3000:]
     assert f"resuming run {run_id}" in output
+    return output
 
 
 def _metrics(client: MlflowClient, run_id: str) -> dict[tuple[str, int], float]:
@@ -77,12 +115,23 @@ def _metrics(client: MlflowClient, run_id: str) -> dict[tuple[str, int], float]:
 
 
 def test_killed_run_resumes_into_the_same_run(tmp_path, run_env):
+    """Killed after an epoch's checkpoint, resumed, killed again in the test phase, resumed: one run, every value of
+    every key logged once per step (the test phase's ``best_epoch``, ``val/mAP_best`` and ``test/...`` included)."""
     overrides = _overrides(tmp_path / "synthetic")
-    run_id, _ = _kill_after_checkpoint(tmp_path, run_env, overrides, epoch=0)
+    run_id, killed_at = _kill_after_checkpoint(tmp_path, run_env, overrides, epoch=0)
     client = MlflowClient(run_env["MLFLOW_TRACKING_URI"])
     assert client.get_run(run_id).info.status == "RUNNING"
+    first = (tmp_path / "first.log").read_text()
+    _once_each(first)
+    assert set(range(killed_at)) <= set(_progress_epochs(first)), first[-3000:]  # the last may not be out yet
+    assert len(set(_progress_epochs(first))) == len(_progress_epochs(first)), first[-3000:]
 
-    _resume(tmp_path, run_env, overrides, run_id)
+    resumed = _resume(tmp_path, run_env, overrides, run_id, killed_in_test_phase=True)
+    _once_each(resumed)
+    assert _progress_epochs(resumed) == list(range(killed_at + 1, EPOCHS)), resumed[-3000:]  # one line per epoch
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert "best_epoch" in client.get_run(run_id).data.metrics  # killed in the test phase, after it began logging
+    _once_each(_resume(tmp_path, run_env, overrides, run_id, name="finished"))
 
     experiment = client.get_experiment_by_name("task1")
     runs = client.search_runs([experiment.experiment_id])
@@ -91,7 +140,11 @@ def test_killed_run_resumes_into_the_same_run(tmp_path, run_env):
     for key in EPOCH_KEYS:
         steps = sorted(m.step for m in client.get_metric_history(run_id, key))
         assert steps == list(range(EPOCHS)), (key, steps)  # the step is the epoch: each exactly once
-    assert "test/mAP" in runs[0].data.metrics
+    assert {"test/mAP", "best_epoch", "val/mAP_best"} <= runs[0].data.metrics.keys()
+    keys = [key for key in runs[0].data.metrics if not key.startswith("system/")]
+    repeated = {key: steps for key in keys
+                if len(steps := [m.step for m in client.get_metric_history(run_id, key)]) != len(set(steps))}  # fmt: skip
+    assert repeated == {}  # key: its steps, a step repeated where a value was logged twice
     assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == ["checkpoints/best.ckpt"]
 
 
