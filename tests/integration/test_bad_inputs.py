@@ -42,20 +42,29 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
-def bomb_png(path: Path, width: int = 20000, height: int = 20000) -> Path:
-    """A valid 16-bit grayscale PNG of zeros: under 1 MB on disk, 800 MB once decoded (and several GB on the way
-    to uint8: the 8.8 GB peak measured before the fix)."""
-    path.write_bytes(_bomb_bytes(width, height))
+def bomb_png(path: Path, width: int = 20000, height: int = 20000, depth: int = 16) -> Path:
+    """A valid grayscale PNG of zeros: under 1 MB on disk, 800 MB once decoded at 16 bits (and several GB on the
+    way to uint8: the 8.8 GB peak measured before the fix)."""
+    path.write_bytes(_bomb_bytes(width, height, depth))
+    return path
+
+
+def bomb_jpeg(path: Path) -> Path:
+    """A 32 x 32 JPEG whose frame header (SOF0) is rewritten to declare 60000 x 60000."""
+    data = bytearray(_jpeg(path))
+    at = data.index(b"\xff\xc0") + 5  # marker, length (2), precision (1), then height and width
+    data[at : at + 4] = struct.pack(">HH", 60000, 60000)
+    path.write_bytes(bytes(data))
     return path
 
 
 @functools.cache
-def _bomb_bytes(width: int, height: int) -> bytes:
-    row = b"\x00" * (1 + 2 * width)  # filter byte + two bytes per pixel
+def _bomb_bytes(width: int, height: int, depth: int) -> bytes:
+    row = b"\x00" * (1 + depth // 8 * width)  # filter byte + the pixels
     packer = zlib.compressobj(9)
     block = row * 64
     data = b"".join([packer.compress(block) for _ in range(height // 64)] + [packer.compress(row * (height % 64))])
-    header = struct.pack(">IIBBBBB", width, height, 16, 0, 0, 0, 0)
+    header = struct.pack(">IIBBBBB", width, height, depth, 0, 0, 0, 0)
     return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", data + packer.flush())
             + _chunk(b"IEND", b""))  # fmt: skip
 
@@ -109,6 +118,8 @@ BROKEN = {
     "truncated.jpg": (lambda p: p.write_bytes(_jpeg(p)[:300]), "truncated JPEG"),
     "corrupt-pixels.png": (_corrupt_idat, "cannot decode image file"),
     "bomb.png": (bomb_png, "declares a 20000 x 20000 canvas (400,000,000 pixels), above the limit of 100,000,000"),
+    "bomb-8bit.png": (lambda p: bomb_png(p, depth=8), "declares a 20000 x 20000 canvas"),
+    "bomb.jpg": (bomb_jpeg, "declares a 60000 x 60000 canvas"),
     "zero-byte.dcm": (lambda p: p.write_bytes(b""), "cannot decode DICOM file"),
     "text.dcm": (lambda p: p.write_text("not a dicom\n" * 20), "cannot decode DICOM file"),
     "no-pixels.dcm": (lambda p: _dicom(p, pixel_data=False), "cannot decode DICOM file"),
@@ -140,7 +151,7 @@ def test_every_broken_file_is_one_named_user_error(tmp_path, name):
     assert isinstance(raised.value, UserError) and reason in str(raised.value) and str(path) in str(raised.value)
 
 
-@pytest.mark.parametrize("name", ["zero-byte.png", "truncated.png", "text.png", "bomb.png", "bomb.dcm"])
+@pytest.mark.parametrize("name", ["zero-byte.png", "truncated.png", "text.png", "bomb.png", "bomb.jpg", "bomb.dcm"])
 def test_the_header_check_names_what_decoding_would(tmp_path, name):
     """``make data-check`` and lazy loading read a few KB per file and refuse these with decoding's own reason."""
     writer, reason = BROKEN[name]
