@@ -76,7 +76,7 @@ serve: setup ## Serve the champion over REST on 127.0.0.1:5000 (the model checke
 	$(PY) -m apps.serve --model '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' --port $(PORT) $(if $(IMAGE_ROOT),--image-root '$(IMAGE_ROOT)')
 
 submit: setup ## Validated submission (CSV; ImageCLEF run file for concept tasks): make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv] [THRESHOLDS=global|per_class]
-	$(PY) -m apps.submit --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
+	$(PY) -m apps.submit_cli --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
 		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)') \
 		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS))
 

@@ -1,4 +1,4 @@
-"""``make submit``: predict the test images with the champion (or an ensemble) and write a validated submission.
+"""What ``make submit`` does (its command line: :mod:`apps.submit_cli`): predict the test images with the champion (or an ensemble) and write a validated submission.
 
 Images. By default the test split of the data manifest the (first) model's source run was trained on; or any
 manifest (``--manifest``, images relative to ``--root`` or the manifest's folder), so the organisers' unlabelled
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -57,7 +56,7 @@ from evaluation.prediction_columns import ID_COLUMN
 from evaluation.tta import TTAPredictor
 from training.config_files import config_file
 from training.data.images import read_grayscale
-from training.errors import UserError, user_errors
+from training.errors import user_errors
 from training.runs import ModelNotFound, read_config
 from training.targets import UnsafeConfig
 from training.tracking.tracked_run import TrackedRun
@@ -254,54 +253,12 @@ def _write_concepts(client: MlflowClient, models: Sequence[str], out: Path, args
 WRITERS = {"probabilities": _write_probabilities, "concepts": _write_concepts}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", default="task1")
-    parser.add_argument(
-        "--model",
-        action="append",
-        help=f"repeatable; default models:/cxrlt-<task>@{ALIAS}; or ensemble:<make ensemble run id>",
-    )
-    parser.add_argument("--template", type=Path, default=None, help="the organisers' template CSV")
-    parser.add_argument("--manifest", type=Path, default=None, help="manifest to predict (default: the run's)")
-    parser.add_argument("--root", type=Path, default=None, help="image root of --manifest (default: its folder)")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--tta", default=None, help="a configs/tta/<name>.yaml, e.g. default or multicrop")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument(
-        "--thresholds",
-        default=None,
-        choices=sorted(MODES),
-        help="concept tasks: how thresholds are chosen on validation (default: the task's)",
-    )
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+def run(args: argparse.Namespace) -> None:
+    """The submission :mod:`apps.submit_cli` asked for, its arguments already checked."""
     uri = resolve_tracking_uri()
     models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
     out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
     with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
-        check_inputs(args)  # before any model is loaded or image predicted
         message = WRITERS[submission_format(args.task)](tracking_client(uri), models, out, args)
     log.info("%s", message)
-
-
-def check_inputs(args: argparse.Namespace) -> None:
-    """Refuse a named input file or folder that is not there, in one line naming it.
-
-    Raises:
-        UserError: ``--template`` or ``--manifest`` is not a file, or ``--root`` is not a folder.
-    """
-    if args.template is not None and not args.template.is_file():
-        raise UserError(f"--template {args.template}: no such file (the organisers' template comes with their test "
-                        "images; without TEMPLATE the test split of the model's data is submitted)")  # fmt: skip
-    if args.manifest is not None and not args.manifest.is_file():
-        raise UserError(f"--manifest {args.manifest}: no such file")
-    if args.root is not None and not args.root.is_dir():
-        raise UserError(f"--root {args.root}: no such folder")
-
-
-if __name__ == "__main__":
-    main()

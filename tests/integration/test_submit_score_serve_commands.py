@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
-from apps import serve, submit
+from apps import serve
 from tests.conftest import PROJECT_ROOT
 from tests.finished_runs import fabricate_finished_run
 
@@ -70,10 +71,24 @@ MISSING_TEMPLATE = ("error: --template organisers.csv: no such file (the organis
                     "images; without TEMPLATE the test split of the model's data is submitted)")  # fmt: skip
 
 
-def test_a_missing_template_is_one_line_before_any_model_is_loaded(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+#: Runs ``python -m <module> <args>``, then prints whether torch or MLflow were imported.
+PROBE = """
+import runpy, sys
+module, sys.argv = sys.argv[1], sys.argv[1:]
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+finally:
+    print("heavy:", sorted(m for m in ("torch", "mlflow") if m in sys.modules))
+"""
+
+
+def test_a_missing_template_is_one_line_before_torch_or_mlflow_load(tmp_path):
     out = tmp_path / "s.csv"
-    assert reported(submit.main, ["--template", "organisers.csv", "--out", str(out)], capsys) == MISSING_TEMPLATE
+    done = subprocess.run([sys.executable, "-c", PROBE, "apps.submit_cli", "--template", "organisers.csv", "--out",
+                           str(out)], cwd=PROJECT_ROOT, env=store_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert one_error(done) == MISSING_TEMPLATE and done.returncode == 1
+    assert done.stdout.splitlines()[-1] == "heavy: []"  # refused in the time Python takes to start
     assert list(tmp_path.iterdir()) == []  # no submission, and no store opened
 
 

@@ -134,7 +134,7 @@ def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_co
     run_id = runs["semantic"].info.run_id
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
     for command in (["apps.registry", "--task", "task2", "--run", run_id],
-                    ["apps.submit", "--task", "task2", "--out", str(tmp_path / "task2.csv")]):  # fmt: skip
+                    ["apps.submit_cli", "--task", "task2", "--out", str(tmp_path / "task2.csv")]):  # fmt: skip
         done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     champion = client.get_model_version_by_alias("cxrlt-task2", "champion")

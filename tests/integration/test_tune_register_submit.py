@@ -167,7 +167,7 @@ def submission(study, champion):
     template = tmp / "template.csv"
     pd.DataFrame({"ImageID": ids, **{c: "" for c in columns}}).to_csv(template, index=False)
     out = tmp / "submission.csv"
-    _run([sys.executable, "-m", "apps.submit", "--task", "task1", "--template", str(template), "--out", str(out)],
+    _run([sys.executable, "-m", "apps.submit_cli", "--task", "task1", "--template", str(template), "--out", str(out)],
          study["env"])  # fmt: skip
     return {"template": template, "out": out, "ids": ids, "columns": columns}
 

@@ -132,5 +132,5 @@ def test_evaluate_refuses_a_stored_config_naming_a_foreign_callable(tmp_path, ru
 def test_register_and_submit_name_an_unknown_run(store, run_env, tmp_path):
     done = run("apps.registry", "--run", "0123456789abcdef", env=run_env)
     assert_reported(done, "error: no run '0123456789abcdef' in the tracking store")
-    done = run("apps.submit", "--model", "0123456789abcdef", "--out", str(tmp_path / "s.csv"), env=run_env)
+    done = run("apps.submit_cli", "--model", "0123456789abcdef", "--out", str(tmp_path / "s.csv"), env=run_env)
     assert_reported(done, "error: no run '0123456789abcdef' in the tracking store")
