@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,9 +32,8 @@ def smoke_runs(tmp_path_factory):
     outputs = {}
     for model in MODELS:
         started = time.perf_counter()
-        done = subprocess.run(
-            train_command(tmp, "debug=smoke", f"model={model}", f"data.source.root={tmp}/synthetic",
-                          "trainer.enable_progress_bar=false"),
+        done = subprocess.run(  # stdout a pipe, not a terminal: progress is one line per epoch
+            train_command(tmp, "debug=smoke", f"model={model}", f"data.source.root={tmp}/synthetic"),
             env=env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -72,6 +72,15 @@ def test_smoke_run_logs_the_contracted_keys(smoke_runs):
     assert tags["mlflow.source.git.commit"]
     manifests = list((tmp / "synthetic").glob("*/manifest.csv"))
     assert len(manifests) == 1 and tags["dataset_fingerprint"] == file_fingerprint(manifests[0])
+
+
+def test_a_piped_training_prints_a_progress_line_per_epoch_and_each_lightning_line_once(smoke_runs):
+    _, _, outputs = smoke_runs
+    done, _ = outputs["regnetx_004"]
+    printed = done.stdout + done.stderr
+    progress = r"^epoch (\d+)/0: \d+\.\d step/s, train/loss \d\.\d{4}, val/mAP \d\.\d{4}, ETA 0:00:00$"
+    assert re.findall(progress, done.stdout, re.MULTILINE) == ["0"], printed[-3000:]  # debug=smoke: one epoch
+    assert printed.count("Seed set to 42") == 1 and "INFO: " not in printed, printed[:3000]
 
 
 def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_path):
