@@ -24,3 +24,8 @@ def project_file(path: str | Path) -> Path:
     if not path.is_file() and not path.is_absolute() and (PROJECT_ROOT / path).is_file():
         return PROJECT_ROOT / path
     return path
+
+
+def option_names(*group: str) -> list[str]:
+    """The choices of a config group (``option_names("ensemble")``): its YAML stems, one file per choice."""
+    return sorted(path.stem for path in config_file(*group).glob("*.yaml"))

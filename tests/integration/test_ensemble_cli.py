@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from apps import submit as submit_cli
+from apps import submit_cli
 from apps.serving import Scorer
 from apps.submission import Template, build_submission
 from apps.submit import rows_to_predict, run_manifest

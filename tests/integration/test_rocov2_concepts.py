@@ -19,7 +19,7 @@ import yaml
 from mlflow import MlflowClient
 
 from apps import score as score_cli
-from apps import submit as submit_cli
+from apps import submit_cli
 from apps.benchmarks.imageclef_concepts.scoring import read_concepts, read_run
 from tests.conftest import train_command
 from tests.rocov2_data import write_nih_standin, write_rocov2_release

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from apps import score as score_cli
-from apps import submit as submit_cli
+from apps import submit_cli
 from apps.benchmarks.imageclef_concepts.scoring import concept_f1, frequency_prior, read_concepts, read_run
 from tests.conftest import shared_data
 from tests.integration.test_rocov2_concepts import train

@@ -35,6 +35,9 @@ COMMANDS = [
     (["apps.benchmarks.cli", "--name", "pneumonia", "--data-root", "."], 2, []),  # no MODEL
     (["apps.evaluate"], 1, []),  # run=??? (the Makefile asks for RUN first; python -m does not)
     (["apps.evaluate", "run=nonexistent"], 1, []),  # no store: refused without MLflow, and none created
+    (["apps.ensemble_cli", "--model", "a", "--model", "b", "--weighting", "bogus"], 1, []),  # unknown weighting
+    (["apps.ensemble_cli", "--model", "a"], 1, []),  # one member
+    (["apps.ensemble_cli", "--model", "a", "--model", "b"], 1, []),  # no store: refused, and none created
 ]
 
 
