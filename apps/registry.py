@@ -41,10 +41,10 @@ from omegaconf import OmegaConf
 from evaluation.metric_registry import SUITE
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
-from training.run_refs import ModelNotFound  # without torch: ranking needs none
+from training.run_refs import ModelNotFound, existing_store_client  # without torch: ranking needs none
 from training.targets import UnsafeConfig
 from training.tracking.run_context import DEBUG_TAG, VAL_FINGERPRINT_TAG
-from training.tracking.uri import resolve_tracking_uri, tracking_client
+from training.tracking.uri import resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     metric = args.metric or selection_metric(args.task)
     # An unknown or unsafe run is the user's to fix from the message; anything else is a bug, with its traceback.
     with user_errors(UnsafeConfig, ModelNotFound, NoCandidate, debug=args.debug):
-        version = register_best(tracking_client(uri), args.task, metric, args.experiment, args.run, args.alias,
+        # A store that is not there is refused, not created empty (a mistyped MLFLOW_TRACKING_URI, a fresh clone).
+        version = register_best(existing_store_client(uri), args.task, metric, args.experiment, args.run, args.alias,
                                 full_evaluation=not args.no_full_evaluation, include_debug=args.include_debug,
                                 val_set=args.val_set)  # fmt: skip
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,

@@ -34,6 +34,7 @@ from apps.benchmarks.imageclef_concepts.scoring import (
 from apps.benchmarks.imageclef_concepts.tables import per_concept_table
 from apps.submission import SubmissionError, submission_format
 from evaluation.bootstrap import resample_indices
+from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.predictions import PredictionsError, align_predictions, read_predictions
 from evaluation.report import chain_rule, headline_rows, ranking_chain
 from evaluation.suite import compute_suite
@@ -93,6 +94,9 @@ def score(args: argparse.Namespace) -> None:
     result = compute_suite(targets, probs, labels, n_boot=args.n_boot)
     print(f"{args.predictions} on {args.manifest} [{args.split}], {len(truth)} images, 95% bootstrap CIs")
     print("\n".join(score_lines(result.metrics)))
+    # The rule behind the intervals, and what it leaves out (docs/evaluation.md, "Reading an interval").
+    left_out = left_out_note({f"{args.split}/{k}": v for k, v in result.metrics.items()}, args.split, args.n_boot)
+    print("\n".join(f"  {line}" for line in (CI_RULE, left_out) if line))
 
 
 def score_lines(metrics: dict[str, float]) -> list[str]:

@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 from apps.benchmarks.framework.catalog import CONFIG_DIR, load_protocol
 from apps.benchmarks.framework.encoders import Encoder
 from apps.benchmarks.framework.protocol import BadInput, Protocol
+from evaluation.intervals import CI_RULE, left_out_note
 from training.config_files import config_file
 
 DEFAULT_CARD = config_file("card.yaml")
@@ -297,6 +298,10 @@ def run_metric_rows(specs: tuple[RunMetric, ...], metrics: Mapping[str, float], 
         low, high = _number(metrics.get(f"{spec.key}_ci_low")), _number(metrics.get(f"{spec.key}_ci_high"))
         status = "ok" if math.isfinite(value) else "n/a"
         notes = [text for flag, text in spec.caveats.items() if _number(metrics.get(flag)) == 1]
+        prefix, _, macro = spec.key.rpartition("/")
+        left_out = left_out_note(dict(metrics), prefix) if macro == "mAP" else None
+        if left_out:  # why an estimate may sit outside its own interval (docs/evaluation.md)
+            notes.append(left_out)
         if status != "ok":
             notes.insert(0, f"the run logged a non-finite {spec.key}")
         rows.append(Row(f"CXR-LT {task}", f"the run's {spec.label}", "model", spec.key, value, low, high,
@@ -351,7 +356,17 @@ def render_markdown(result: CardResult, title: str, note_limit: int | None = Non
         runs = ", ".join(f"{_md(name, None)} `{run_id}` in `{result.experiments.get(name, 'benchmark-' + name)}`"
                          for name, run_id in result.runs.items())  # fmt: skip
         lines += ["", f"Benchmark runs: {runs}."]
+    if _has_interval(result):
+        lines += ["", _md(CXRLT_CI_RULE, None)]
     return "\n".join(lines) + "\n"
+
+
+#: Under the table: how the CXR-LT rows' intervals are drawn (each benchmark's are described in its own section).
+CXRLT_CI_RULE = f"CXR-LT rows: {CI_RULE}"
+
+
+def _has_interval(result: CardResult) -> bool:
+    return any(row.benchmark.startswith("CXR-LT") and math.isfinite(row.ci_low) for row in result.rows)
 
 
 def _html_class(row: Row) -> str:
@@ -375,5 +390,6 @@ def render_html(result: CardResult, title: str) -> str:
         ".na,.not-run{color:#777}.below-floor{color:#b00}</style></head>\n"
         f"<body><h1>{html.escape(title)}</h1>\n<table><thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody></table>\n"
         + (f"<p>Benchmark runs:</p><ul>{runs}</ul>\n" if runs else "")
+        + (f"<p>{html.escape(CXRLT_CI_RULE)}</p>\n" if _has_interval(result) else "")
         + "</body></html>\n"
     )

@@ -274,3 +274,22 @@ def test_make_card_without_a_usable_model_answers_before_torch_loads(args, messa
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
     assert "apps" in imported and not imported & not_loaded
+
+
+def test_a_cxrlt_row_says_which_classes_its_estimate_and_resamples_leave_out_and_the_rule_is_under_the_table():
+    """An estimate outside its own interval (0.085 [0.090, 0.125]) follows from the drop-class rule: the row says
+    how many classes are left out, and the card states the rule once, in markdown and HTML alike."""
+    from evaluation.intervals import CI_RULE
+
+    labels = [f"c{k}" for k in range(28)]  # 28 classes enter the mean, 2 are left out
+    metrics = {"test/mAP": 0.085, "test/mAP_ci_low": 0.090, "test/mAP_ci_high": 0.125,
+               "test/mAP_classes_left_out": 2.0, "test/mAP_resamples_dropping_a_class": 412.0,
+               **{f"test/ap/{label}": 0.1 for label in labels}}  # fmt: skip
+    (row,) = run_metric_rows(load_card(DEFAULT_CARD).run_metrics[:1], metrics, "task1")
+    assert "2 of 30 classes have no positive in test and are left out" in row.note
+    assert "412 resamples lost a further class" in row.note
+    markdown = render_markdown(CardResult("m", [row]), "t")
+    assert markdown.rstrip().endswith(f"CXR-LT rows: {CI_RULE}")
+    assert f"CXR-LT rows: {CI_RULE}" in render_html(CardResult("m", [row]), "t")
+    (plain,) = run_metric_rows(load_card(DEFAULT_CARD).run_metrics[:1], {"test/mAP": 0.1}, "task1")
+    assert plain.note == "" and "CXR-LT rows:" not in render_markdown(CardResult("m", [plain]), "t")

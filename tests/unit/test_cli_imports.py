@@ -38,6 +38,7 @@ COMMANDS = [
     (["apps.ensemble_cli", "--model", "a", "--model", "b", "--weighting", "bogus"], 1, []),  # unknown weighting
     (["apps.ensemble_cli", "--model", "a"], 1, []),  # one member
     (["apps.ensemble_cli", "--model", "a", "--model", "b"], 1, []),  # no store: refused, and none created
+    (["apps.registry", "--task", "task1"], 1, ["mlflow"]),  # no store: refused, and none created
 ]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from apps.score import score, score_lines
 from evaluation.evaluate import MetricSet
+from evaluation.intervals import CI_RULE
 from evaluation.metric_registry import SUITE, SuiteMetric, class_ap
 from evaluation.report import TRAINED_ON_CAVEAT, headline_rows, ranking_chain, summary_lines, write_report
 from evaluation.suite import compute_suite
@@ -114,6 +115,7 @@ def test_make_score_prints_the_chain_numbered_in_order(tmp_path, capsys, task1_l
     rng = np.random.default_rng(0)
     n = 40
     truth = (rng.random((n, len(task1_labels))) < 0.2).astype(int)
+    truth[:, 0] = 0  # a class without a test positive: left out, and the printout says so
     ids = [f"img{i}" for i in range(n)]
     manifest = pd.DataFrame({"image_id": ids, "path": [f"images/{i}.png" for i in range(n)], "split": "test",
                              "patient_id": [f"p{i}" for i in range(n)]})  # fmt: skip
@@ -128,6 +130,8 @@ def test_make_score_prints_the_chain_numbered_in_order(tmp_path, capsys, task1_l
     numbered = re.findall(r"^\s*(\d)\.\s+(\S+)\s+\d\.\d{4}\s+\[", printed, re.M)
     assert numbered == [(str(i + 1), name) for i, name in enumerate(CHALLENGE_CHAIN)]
     assert re.search(r"^\s*-\s+ECE_pooled\s+\d", printed, re.M)
+    assert f"  {CI_RULE}\n" in printed
+    assert f"1 of {len(task1_labels)} classes have no positive in test and are left out" in printed
 
 
 @pytest.mark.parametrize("set_prefix", ["test", "test_unseen"])
