@@ -270,6 +270,9 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
                 signature=signature(scorer.labels), input_example=example_request(scorer.image_size), pip_requirements=_requirements(), registered_model_name=name,
                 metadata={"labels": scorer.labels, "image_size": scorer.image_size, "thresholds": scorer.thresholds,
                           "source_run_id": run_id},
+                # Declared so that ``load_model(..., model_config={"image_root": ...})`` may set it: MLflow only
+                # overrides keys the logged model has. Empty: no request path is opened (apps/serving.py).
+                model_config={"image_root": ""},
             )  # fmt: skip
         version = client.get_model_version(name, str(info.registered_model_version))
     previous = _alias_holder(client, name, alias)
