@@ -2,7 +2,8 @@
 
 The six Task 2 classes have no labels to validate on, so the zero-shot branch is checked on the seen classes
 instead: ``k`` splits of the seen classes into pseudo-seen and pseudo-unseen (``size`` each time, disjoint
-across splits while ``k * size`` fits). Per split, a **proxy head** (the adapter's own zero-shot head type:
+across splits while ``k * size`` fits; ``size: null`` partitions the seen classes into ``k`` folds instead, so
+every class is pseudo-unseen exactly once, e.g. 3 folds of 10 of the 30 Task 1 classes). Per split, a **proxy head** (the adapter's own zero-shot head type:
 projection into the text space, learned temperature, cosine to the class text embeddings) is trained next to the
 main head with the loss masked to its pseudo-seen classes; at validation it scores its pseudo-unseen classes from
 their text embeddings alone, and ``val/proxy_ood_mAP`` is their mean AP over all splits.
@@ -29,15 +30,22 @@ from torchmetrics.classification import MultilabelAveragePrecision
 from training.zeroshot.transfer import Transfer, transfer_scores, transfer_weights
 
 
-def proxy_splits(n_classes: int, k: int, size: int, seed: int = 0) -> list[list[int]]:
-    """``k`` pseudo-unseen class subsets of ``size`` indices each, from a seeded permutation.
+def proxy_splits(n_classes: int, k: int, size: int | None, seed: int = 0) -> list[list[int]]:
+    """``k`` pseudo-unseen class subsets from a seeded permutation of the ``n_classes`` seen classes.
 
-    Disjoint while ``k * size <= n_classes`` (5 splits of 6 cover 30 seen classes exactly once); beyond that each
-    split is a fresh seeded draw. At least one class stays pseudo-seen in every split.
+    With a ``size``: ``size`` indices each, disjoint while ``k * size <= n_classes`` (5 splits of 6 cover 30
+    seen classes exactly once); beyond that each split is a fresh seeded draw. With ``size=None``: the permutation
+    cut into ``k`` folds whose sizes differ by at most one, disjoint and covering every class once (``k`` folds of
+    cross-validation over classes). Either way at least one class stays pseudo-seen in every split.
     """
+    rng = np.random.default_rng(seed)
+    if size is None:
+        if not 2 <= k <= n_classes:
+            raise ValueError(f"proxy.size=null partitions the {n_classes} seen classes into k folds: k must be in "
+                             f"[2, {n_classes}], got {k}")  # fmt: skip
+        return [sorted(fold.tolist()) for fold in np.array_split(rng.permutation(n_classes), k)]
     if not 0 < size < n_classes:
         raise ValueError(f"proxy split size must be in [1, {n_classes - 1}] for {n_classes} seen classes, got {size}")
-    rng = np.random.default_rng(seed)
     if k * size <= n_classes:
         order = rng.permutation(n_classes)
         return [sorted(order[i * size : (i + 1) * size].tolist()) for i in range(k)]
@@ -51,7 +59,7 @@ class ProxyOOD(nn.Module):
         head_factory: builds one zero-shot head ``head(features) -> (B, C)`` logits over the seen classes.
         n_classes: number of seen classes ``C``.
         k: number of splits.
-        size: pseudo-unseen classes per split.
+        size: pseudo-unseen classes per split; None partitions the seen classes into ``k`` folds.
         seed: seed of the splits.
         transfers: ways of scoring the pseudo-unseen classes (``training.zeroshot.transfer``); ``direct`` reads
             the head's own logit of the class (its text embedding), ``conse<k>`` combines the ``k`` nearest
@@ -60,7 +68,7 @@ class ProxyOOD(nn.Module):
         allowed: ``(C,)`` bool, classes allowed to support a ConSE combination (absence classes excluded).
     """
 
-    def __init__(self, head_factory: Callable[[], nn.Module], n_classes: int, k: int = 5, size: int = 6,
+    def __init__(self, head_factory: Callable[[], nn.Module], n_classes: int, k: int = 5, size: int | None = 6,
                  seed: int = 0, transfers: Sequence[Transfer] | None = None, class_text: torch.Tensor | None = None,
                  allowed: torch.Tensor | None = None):  # fmt: skip
         super().__init__()
@@ -72,18 +80,21 @@ class ProxyOOD(nn.Module):
             pseudo_seen[i, unseen] = False
         self.register_buffer("pseudo_seen", pseudo_seen, persistent=False)  # (k, C)
         allowed = torch.ones(n_classes, dtype=torch.bool) if allowed is None else allowed
-        weights = torch.zeros(len(self.splits), len(self.transfers), size, n_classes)  # on pseudo-seen classes only
+        widest = max(len(unseen) for unseen in self.splits)  # folds may differ by one: rows past a split's size unused
+        weights = torch.zeros(len(self.splits), len(self.transfers), widest, n_classes)  # on pseudo-seen classes only
         if any(t.k is not None for t in self.transfers):
             for i, unseen in enumerate(self.splits):
                 seen = pseudo_seen[i].nonzero().squeeze(1)
-                weights[i][:, :, seen] = transfer_weights(self.transfers, class_text[unseen], class_text[seen],
-                                                          allowed[seen])  # fmt: skip
-        self.register_buffer("weights", weights, persistent=False)  # (k, T, size, C)
+                weights[i][:, : len(unseen), seen] = transfer_weights(self.transfers, class_text[unseen],
+                                                                      class_text[seen], allowed[seen])  # fmt: skip
+        self.register_buffer("weights", weights, persistent=False)  # (k, T, widest, C)
         self.ap = nn.ModuleList(
-            nn.ModuleList(MultilabelAveragePrecision(size, average=None, ignore_index=-1) for _ in self.transfers)
-            for _ in self.splits
+            nn.ModuleList(
+                MultilabelAveragePrecision(len(unseen), average=None, ignore_index=-1) for _ in self.transfers
+            )  # fmt: skip
+            for unseen in self.splits
         )
-        self.register_buffer("positives", torch.zeros(len(self.splits), size), persistent=False)
+        self.register_buffer("positives", torch.zeros(len(self.splits), widest), persistent=False)
 
     def loss(self, features: torch.Tensor, targets: torch.Tensor, labelled: torch.Tensor, loss_fn) -> torch.Tensor:
         """Sum over splits of ``loss_fn`` on each head's pseudo-seen classes; ``features`` come in detached.
@@ -108,9 +119,9 @@ class ProxyOOD(nn.Module):
             truth = targets[:, unseen].long()
             for t, transfer in enumerate(self.transfers):
                 own = logits[:, unseen]  # direct: the head's logit of the class, i.e. cosine to its own text
-                scores = transfer_scores(transfer, self.weights[i, t], logits, lambda own=own: own)
+                scores = transfer_scores(transfer, self.weights[i, t, : len(unseen)], logits, lambda own=own: own)
                 self.ap[i][t].update(torch.sigmoid(scores), truth)
-            self.positives[i] += (truth == 1).sum(dim=0)
+            self.positives[i, : len(unseen)] += (truth == 1).sum(dim=0)
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Per transfer ``<name>/mAP`` (mean over splits of each split's pseudo-unseen mAP) and
@@ -120,7 +131,8 @@ class ProxyOOD(nn.Module):
             per_split = []
             for i in range(len(self.splits)):
                 metric = self.ap[i][t]
-                per_split.append(torch.where(self.positives[i] > 0, metric.compute(), torch.nan).nanmean())
+                has_positives = self.positives[i, : len(self.splits[i])] > 0
+                per_split.append(torch.where(has_positives, metric.compute(), torch.nan).nanmean())
                 out[f"{transfer.name}/split{i}/mAP"] = per_split[-1]
                 metric.reset()
             out[f"{transfer.name}/mAP"] = torch.stack(per_split).nanmean()
