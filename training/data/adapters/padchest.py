@@ -1,0 +1,340 @@
+"""PadChest's own label table (Bustos et al. 2020, all 160,861 rows as released) as a CXR-LT 2026 manifest.
+
+Public entry point (kept stable for other tools, e.g. a full-size rehearsal release built from it):
+
+- ``PadChestSource(root, table=None, ...).prepare() -> Path``: the manifest, like every adapter; ``build()`` gives
+  the rows as a DataFrame (before splits) and ``summary`` then holds what was parsed, kept out and why.
+- :func:`parse_labels` and :func:`roll_up`: the two steps on a bare ``Labels`` column, for tests and tools.
+
+What the table holds and what the adapter makes of it (docs/data.md, "PadChest's own table"):
+
+- ``Labels`` is a Python list written as text (``"['pleural effusion', ' cardiomegaly']"``), read with
+  :func:`ast.literal_eval`; names are stripped (156 spellings carry a leading space). A row that does not parse
+  (103 in the release, all ``nan``) or whose only name is empty has no label at all: it is kept out of the
+  manifest, because an image with no label can be neither trained nor scored, and it is counted, logged, listed
+  with its line and ImageID in ``<manifest>-unlabelled.csv`` and printed by ``make data-check``. An empty name
+  beside real ones is ignored and counted the same way.
+- The names are rolled up to the 30 + 6 CXR-LT 2026 classes through the one table in
+  :mod:`training.data.adapters.padchest_hierarchy`: a class is the union of its children, ``normal`` is Normal
+  (the absence of findings never is), a name the table does not list is an error naming its row. A class no
+  PadChest name feeds (Infarction) is written empty, "not labelled", never negative.
+- ``Projection`` becomes the manifest ``view`` through ``data.source.views`` (PA, AP, ``AP_horizontal`` = AP
+  supine, ``L`` = lateral); a projection mapped to null (rib series ``COSTAL``, ``EXCLUDE``, ``UNK``) is kept out
+  and counted, one not listed at all is an error.
+- ``exclude`` (a study the annotators rejected) is kept out and counted (``drop_excluded``); ``suboptimal study``
+  is kept and flagged in the ``suboptimal`` column (``drop_suboptimal`` keeps it out instead).
+- ``MethodLabel`` (a physician's labels or the RNN's, read from the report) is the ``label_method`` column, and
+  ``data.source.label_method`` = all | physician | rnn keeps one kind.
+- PadChest has no official split: every patient (``PatientID``) goes to train, val or test whole.
+- Images are optional: without any PNG under the root the manifest is "table only" and ``make data-check`` counts
+  it without opening images (and says so); training needs the images.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
+from training.data.adapters.padchest_hierarchy import EXCLUDE, ROLLUP, SUBOPTIMAL, pairs
+from training.data.adapters.tables import id_problems, raise_if
+from training.data.findings import CXRLT_FINDINGS
+from training.data.manifest import csv_line, listed
+from training.data.splits import patient_split
+
+log = logging.getLogger(__name__)
+
+TABLE_GLOB = "PADCHEST_chest_x_ray_images_labels_*.csv*"
+COLUMNS = ("ImageID", "ImageDir", "StudyID", "PatientID", "Projection", "MethodLabel", "Labels")
+#: ``data.source.label_method`` -> the ``MethodLabel`` values kept.
+LABEL_METHODS: dict[str, tuple[str, ...]] = {
+    "all": ("Physician", "RNN_model"),
+    "physician": ("Physician",),
+    "rnn": ("RNN_model",),
+}
+#: The release's projections -> manifest view (None: kept out). The data config's ``views`` overrides it.
+VIEWS: dict[str, str | None] = {
+    "PA": "PA", "AP": "AP", "AP_horizontal": "AP Supine", "L": "LATERAL", "COSTAL": None, "EXCLUDE": None, "UNK": None,
+}  # fmt: skip
+
+
+@dataclass
+class ParsedLabels:
+    """The ``Labels`` column read: one name per row of ``names`` (indexed by table row), and what failed.
+
+    Attributes:
+        names: the stripped, non-empty names, index = table row (a row repeats once per name).
+        unparsed: table rows whose value is not a Python list of strings.
+        empty_names: table rows that hold an empty name (one entry per empty name).
+        no_names: parsed rows with no non-empty name at all.
+    """
+
+    names: pd.Series
+    unparsed: pd.Index
+    empty_names: pd.Index
+    no_names: pd.Index
+
+
+def _literal_list(text: str) -> list[str] | None:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return value
+
+
+def parse_labels(labels: pd.Series) -> ParsedLabels:
+    """Read every ``Labels`` cell; each distinct text is evaluated once (the release has ~29k for 160k rows)."""
+    distinct = labels.drop_duplicates()
+    lists = labels.map(dict(zip(distinct, map(_literal_list, distinct), strict=True)))
+    unparsed = labels.index[lists.isna()]
+    exploded = lists.drop(unparsed).explode().dropna().str.strip()
+    empty = exploded == ""
+    names = exploded[~empty]
+    parsed = labels.index.difference(unparsed)
+    return ParsedLabels(names=names, unparsed=unparsed, empty_names=exploded.index[empty],
+                        no_names=parsed.difference(names.index.unique()))  # fmt: skip
+
+
+def roll_up(names: pd.Series, index: pd.Index, classes=CXRLT_FINDINGS,
+            rollup: Mapping[str, tuple[str, ...]] = ROLLUP) -> pd.DataFrame:  # fmt: skip
+    """``(len(index), len(classes))`` 0/1 frame: a class is 1 where any of its children is named.
+
+    A class that no name of ``rollup`` feeds is NaN throughout: the table says nothing about it.
+
+    Raises:
+        AdapterError: through the caller's check, never here; names outside ``rollup`` must be refused first.
+    """
+    mapping = pd.DataFrame(pairs(dict(rollup)), columns=["name", "label"])
+    mapping = mapping[mapping["label"].isin(classes)]
+    column = {label: i for i, label in enumerate(classes)}
+    hits = pd.DataFrame({"row": names.index, "name": names.to_numpy()}).merge(mapping, on="name")
+    values = np.zeros((len(index), len(classes)), dtype=np.float64)
+    values[index.get_indexer(hits["row"]), hits["label"].map(column).to_numpy()] = 1.0
+    values[:, [column[c] for c in classes if c not in set(mapping["label"])]] = np.nan
+    return pd.DataFrame(values, index=index, columns=list(classes))
+
+
+@dataclass
+class PadChestSummary:
+    """What one build read and kept out, for the log, ``make data-check`` and ``<manifest>-unlabelled.csv``."""
+
+    rows: int = 0
+    kept: int = 0
+    kept_out: dict[str, int] = field(default_factory=dict)  # reason -> rows, in the order they were applied
+    empty_names: int = 0
+    suboptimal: int = 0
+    methods: dict[str, int] = field(default_factory=dict)
+    projections: dict[str, int] = field(default_factory=dict)
+    listing: pd.DataFrame | None = None  # line, ImageID, PatientID, reason, Labels of every unlabelled row
+    listing_path: Path | None = None
+
+    def render(self) -> str:
+        lines = [f"{self.rows} rows read, {self.kept} in the manifest"]
+        lines += [f"  kept out, {reason}: {count}" for reason, count in self.kept_out.items()]
+        lines.append(f"  empty label names ignored beside others: {self.empty_names}")
+        lines.append(f"  suboptimal studies kept (column 'suboptimal'): {self.suboptimal}")
+        lines.append("  MethodLabel: " + ", ".join(f"{k} {v}" for k, v in self.methods.items()))
+        lines.append("  Projection: " + ", ".join(f"{k} {v}" for k, v in self.projections.items()))
+        if self.listing is not None and len(self.listing):
+            unlabelled = self.listing[self.listing["reason"] != "empty name ignored"]
+            lines += [f"  line {r.line}, ImageID {r.ImageID!r}: {r.reason} (Labels {r.Labels!r})"
+                      for r in unlabelled.head(5).itertuples()]  # fmt: skip
+            if len(unlabelled) > 5:
+                lines.append(f"  ... {len(unlabelled) - 5} more")
+        if self.listing_path is not None:
+            lines.append(f"  every unlabelled row and empty name, with its line and ImageID: {self.listing_path}")
+        return "\n".join(lines)
+
+
+class PadChestSource(AdapterSource):
+    """PadChest's released table as a manifest with the 36 CXR-LT 2026 classes (see the module docstring).
+
+    Args:
+        root: folder of the table (and of the images, when present).
+        table: the label table, relative to root; default: the first ``PADCHEST_chest_x_ray_images_labels_*.csv*``.
+        image_dir: folder of the images relative to root (the release's numbered ``ImageDir`` folders sit in it).
+        image_subdirs: True: images are ``<image_dir>/<ImageDir>/<ImageID>`` as released; False: all in one folder.
+        views: Projection -> manifest view, None to keep that projection out; default :data:`VIEWS`.
+        label_method: ``all``, ``physician`` or ``rnn`` (:data:`LABEL_METHODS`).
+        drop_excluded: keep studies labelled ``exclude`` out (counted).
+        drop_suboptimal: keep studies labelled ``suboptimal study`` out too (default: kept, flagged).
+        stratify: iterative stratification over patients (slow at this size: tens of seconds) instead of the
+            hash split of :func:`training.data.splits.patient_split` (seconds; order-independent).
+        **kwargs: see :class:`AdapterSource`.
+    """
+
+    extra_columns = ("study_id", "projection", "label_method", "suboptimal")
+
+    def __init__(self, root: str, name: str = "padchest", table: str | None = None, image_dir: str = "",
+                 image_subdirs: bool = True, views: Mapping[str, str | None] | None = None,
+                 label_method: str = "all", drop_excluded: bool = True, drop_suboptimal: bool = False,
+                 stratify: bool = False, **kwargs):  # fmt: skip
+        super().__init__(root, name, **kwargs)
+        if label_method not in LABEL_METHODS:
+            raise AdapterError(f"data.source.label_method={label_method!r}: expected one of {sorted(LABEL_METHODS)}")
+        self.table, self.image_dir, self.image_subdirs = table, image_dir, image_subdirs
+        self.views = dict(VIEWS if views is None else views)
+        self.label_method, self.drop_excluded, self.drop_suboptimal = label_method, drop_excluded, drop_suboptimal
+        self.stratify = stratify
+        self.summary = PadChestSummary()
+        self.table_only = False
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return CXRLT_FINDINGS
+
+    def key(self) -> dict:
+        return {**super().key(), "table": self.table, "image_dir": self.image_dir, "subdirs": self.image_subdirs,
+                "views": self.views, "method": self.label_method, "drop_excluded": self.drop_excluded,
+                "drop_suboptimal": self.drop_suboptimal, "stratify": self.stratify}  # fmt: skip
+
+    @property
+    def check_sections(self) -> dict[str, str]:
+        """Sections ``make data-check`` prints before its counts."""
+        return {"PadChest table": self.summary.render()}
+
+    @property
+    def table_only_note(self) -> str | None:
+        """Why ``make data-check`` opens no image, or None when the images are there."""
+        if not self.table_only:
+            return None
+        return (f"not checked: table only (no PNG under {self.root / self.image_dir}); the counts come from the "
+                "label table alone; training needs the images")  # fmt: skip
+
+    def table_path(self) -> Path:
+        if self.table:
+            return self.root / self.table
+        found = sorted(self.root.glob(TABLE_GLOB))
+        if not found:
+            raise AdapterError(f"{self.root}: no {TABLE_GLOB} label table (set data.source.table)")
+        return found[0]
+
+    def prepare(self) -> Path:
+        manifest = super().prepare()
+        listing = manifest.with_name(f"{manifest.stem}-unlabelled.csv")
+        self.summary.listing.to_csv(listing, index=False)
+        self.summary.listing_path = listing
+        return manifest
+
+    def assign_splits(self, table: pd.DataFrame) -> pd.DataFrame:
+        if self.stratify:
+            return super().assign_splits(table)
+        fractions = {"train": 1.0 - self.val_fraction - self.test_fraction, "val": self.val_fraction,
+                     "test": self.test_fraction}  # fmt: skip
+        table = table.reset_index(drop=True)
+        table["split"] = patient_split(table["patient_id"].to_numpy(), {k: v for k, v in fractions.items() if v > 0},
+                                       seed=self.seed)  # fmt: skip
+        return table
+
+    def build(self) -> pd.DataFrame:
+        path = self.table_path()
+        raw = self._read(path)
+        summary = PadChestSummary(rows=len(raw))
+        summary.methods = raw["MethodLabel"].value_counts().to_dict()
+        summary.projections = raw["Projection"].value_counts().to_dict()
+        problems = id_problems(raw, "ImageID", path) + id_problems(raw, "PatientID", path, unique=False)
+        unknown_views = raw.index[~raw["Projection"].isin(list(self.views))]
+        problems += listed("unknown projections", [
+            f"{path}, line {csv_line(i)}, column 'Projection': {raw.at[i, 'Projection']!r} is not in "
+            f"data.source.views {sorted(self.views)} (map it to a view, or to null to keep it out)"
+            for i in unknown_views])  # fmt: skip
+        methods = {m for ms in LABEL_METHODS.values() for m in ms}
+        problems += listed("unknown label methods", [
+            f"{path}, line {csv_line(i)}, column 'MethodLabel': {raw.at[i, 'MethodLabel']!r} is not one of "
+            f"{sorted(methods)}" for i in raw.index[~raw["MethodLabel"].isin(methods)]])  # fmt: skip
+
+        parsed = parse_labels(raw["Labels"])
+        unknown = parsed.names[~parsed.names.isin(list(ROLLUP))]
+        problems += listed("unknown label names", [
+            f"{path}, line {csv_line(i)}, column 'Labels': {name!r} is not in PadChest's roll-up table "
+            "(training/data/adapters/padchest_hierarchy.py): map it to its classes or to () there"
+            for i, name in unknown.items()])  # fmt: skip
+        raise_if(problems, str(path))
+
+        summary.listing = pd.concat([
+            self._listing(raw, parsed.unparsed, "Labels does not parse: unlabelled, kept out"),
+            self._listing(raw, parsed.no_names, "no label name: unlabelled, kept out"),
+            self._listing(raw, parsed.empty_names.unique(), "empty name ignored"),
+        ]).sort_values("line", kind="stable")  # fmt: skip
+        summary.empty_names = len(parsed.empty_names)
+        excluded = pd.Series(raw.index.isin(parsed.names.index[parsed.names == EXCLUDE]), index=raw.index)
+        suboptimal = pd.Series(raw.index.isin(parsed.names.index[parsed.names == SUBOPTIMAL]), index=raw.index)
+
+        reasons = {  # applied in this order; each row is counted under the first reason that keeps it out
+            "Labels does not parse": raw.index.isin(parsed.unparsed),
+            "no label name": raw.index.isin(parsed.no_names),
+            "Projection mapped to null": raw["Projection"].map(self.views).isna().to_numpy(),
+            f"MethodLabel not kept by label_method={self.label_method}":
+                ~raw["MethodLabel"].isin(LABEL_METHODS[self.label_method]).to_numpy(),
+            "labelled 'exclude'": excluded.to_numpy() & self.drop_excluded,
+            "labelled 'suboptimal study'": suboptimal.to_numpy() & self.drop_suboptimal,
+        }  # fmt: skip
+        out = np.zeros(len(raw), dtype=bool)
+        for reason, rows in reasons.items():
+            fresh = rows & ~out
+            if fresh.any():
+                summary.kept_out[reason] = int(fresh.sum())
+            out |= fresh
+        keep = raw.index[~out]
+
+        labels = roll_up(parsed.names[parsed.names.index.isin(keep)], keep)
+        kept = raw.loc[keep]
+        table = pd.DataFrame({
+            "image_id": kept["ImageID"], "path": self._paths(kept), "split": UNASSIGNED,
+            "patient_id": kept["PatientID"], "source": self.name, "view": kept["Projection"].map(self.views),
+            "study_id": kept["StudyID"], "projection": kept["Projection"], "label_method": kept["MethodLabel"],
+            "suboptimal": suboptimal[keep].astype(int).astype(str),
+        })  # fmt: skip
+        table = pd.concat([table, labels], axis=1)
+        summary.kept, summary.suboptimal = len(table), int(suboptimal[keep].sum())
+        self.summary = summary
+        self.table_only = not self._has_images()
+        log.info("%s: %s", self.name, summary.render().replace("\n", "; "))
+        if len(parsed.unparsed) or len(parsed.no_names):
+            log.warning("%s: %d row(s) whose Labels do not parse and %d with no label name are unlabelled and kept out "
+                        "of the manifest (listed in <manifest>-unlabelled.csv)", self.name, len(parsed.unparsed),
+                        len(parsed.no_names))  # fmt: skip
+        return table
+
+    def _read(self, path: Path) -> pd.DataFrame:
+        if not path.is_file():
+            raise AdapterError(f"label table not found: {path}")
+        try:
+            header = pd.read_csv(path, nrows=0).columns
+            missing = [c for c in COLUMNS if c not in header]
+            if missing:
+                raise AdapterError(f"{path}: missing column(s) {missing}; the table has {list(header)}")
+            raw = pd.read_csv(path, dtype=str, keep_default_na=False, usecols=list(COLUMNS))
+        except pd.errors.EmptyDataError:
+            raise AdapterError(f"{path}: empty file, not even a header line") from None
+        except (pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as error:
+            raise AdapterError(f"{path}: not a readable table: {error}") from None
+        for column in ("ImageID", "ImageDir", "StudyID", "PatientID", "Projection", "MethodLabel"):
+            raw[column] = raw[column].str.strip()
+        return raw.reset_index(drop=True)
+
+    def _paths(self, kept: pd.DataFrame) -> pd.Series:
+        prefix = f"{self.image_dir.strip('/')}/" if self.image_dir.strip("/") else ""
+        if self.image_subdirs:
+            return prefix + kept["ImageDir"] + "/" + kept["ImageID"]
+        return prefix + kept["ImageID"]
+
+    def _has_images(self) -> bool:
+        folder = self.root / self.image_dir
+        return any(folder.glob("*.png")) or any(folder.glob("*/*.png"))
+
+    @staticmethod
+    def _listing(raw: pd.DataFrame, rows, reason: str) -> pd.DataFrame:
+        rows = pd.Index(rows)
+        return pd.DataFrame({"line": [csv_line(i) for i in rows], "ImageID": raw.loc[rows, "ImageID"].to_numpy(),
+                             "PatientID": raw.loc[rows, "PatientID"].to_numpy(), "reason": reason,
+                             "Labels": raw.loc[rows, "Labels"].to_numpy()})  # fmt: skip
