@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 
 from evaluation.metric_registry import SUITE
 from evaluation.metrics import prevalence_baseline_map
-from evaluation.perturb import perturbed_set
+from evaluation.perturbed_split import predict_perturbed
 from evaluation.plots import write_plots
 from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.report import write_html, write_report
@@ -152,12 +152,9 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
 
 
 def _predict_perturbed(model, datamodule, cfg) -> np.ndarray:
-    """Predictions on the fixed perturbed test copy, generated once per (dataset, split, size, seed) and cached."""
-    dataset = datamodule.datasets["test"]
-    images = dataset.images if dataset.images is not None else np.stack([dataset.image(i) for i in range(len(dataset))])
-    fingerprint = f"{datamodule.manifest.fingerprint}-test-n{len(dataset)}"
-    perturbed = perturbed_set(images, dataset.image_ids, fingerprint, seed=cfg.seed, cache_dir=cfg.cache_dir)
-    return TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(model, perturbed)
+    """Predictions on the fixed perturbed test copy, perturbed at the source resolution once for every model
+    (:mod:`evaluation.perturbed_split`) and resized to this model's input."""
+    return predict_perturbed(model, datamodule, cfg, "test")
 
 
 def _per_source(datamodule, targets, probs, suite) -> dict[str, dict[str, float]]:

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from training.data.images import MAX_PIXELS, ImageDecodeError, check_file, read_grayscale
+from training.data.cache import FORMAT_VERSION, image_list_fingerprint
+from training.data.images import MAX_PIXELS, RESIZERS, ImageDecodeError, check_file, decode, read_grayscale, to_uint8
 
 # Projection spellings seen across sources (NIH "PA"/"AP", MIMIC "AP AXIAL", "XTABLE LATERAL", "LL", PadChest
 # "AP_horizontal", lower case from hand-made manifests) folded onto one name, so a view-routed model configured
@@ -133,6 +134,23 @@ class ManifestDataset(Dataset):
         if self.store is None:
             return self._decode(index)
         return self.store[index if self.positions is None else self.positions[index]]
+
+    def source_image(self, index: int) -> np.ndarray:
+        """The ``(H, W)`` uint8 image at ``index`` as decoded and intensity-normalised, before any resize: what the
+        robustness set perturbs, so that models at different input sizes meet the same pixels (docs/rules.md §4)."""
+        return to_uint8(decode(self.root / self.paths[index], self.max_pixels))
+
+    @property
+    def source_fingerprint(self) -> str:
+        """What :meth:`source_image` depends on: the ordered ``(id, path)`` rows, their root and the decoder's
+        version (:data:`training.data.cache.FORMAT_VERSION`); not the input size, resize mode or labels."""
+        return f"{image_list_fingerprint(self.image_ids, self.paths, self.root)}-d{FORMAT_VERSION}"
+
+    def model_input(self, image: np.ndarray) -> torch.Tensor:
+        """``(1, size, size)`` float: any ``(H, W)`` uint8 image through this dataset's own resize and transform,
+        as its stored images go (the perturbed set's images, perturbed at their source size, are fed this way)."""
+        resized = RESIZERS[self.resize](np.ascontiguousarray(image), self.image_size)
+        return self.transform(image=np.ascontiguousarray(resized))["image"]
 
     def __getitem__(self, index: int) -> dict:
         item = {
