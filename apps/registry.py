@@ -357,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="register a tuning trial as it is, without first giving it the full evaluation",
     )
+    parser.add_argument("--pareto-front", action="store_true", help="register the trial the documented rule picks "
+                        "from the newest multi-objective study's Pareto front (training/tuning/front_choice.py)")  # fmt: skip
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -367,7 +369,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     # An unknown or unsafe run is the user's to fix from the message; anything else is a bug, with its traceback.
     with user_errors(UnsafeConfig, ModelNotFound, NoCandidate, debug=args.debug):
         # A store that is not there is refused, not created empty (a mistyped MLFLOW_TRACKING_URI, a fresh clone).
-        version = register_best(existing_store_client(uri), args.task, metric, args.experiment, args.run, args.alias,
+        client = existing_store_client(uri)
+        if args.pareto_front and args.run is None:  # the front's pick, registered as RUN=<id> is
+            from training.tuning.front_choice import choose_from_front
+
+            args.run = choose_from_front(client, args.experiment or args.task, metric, args.include_debug, log.info)
+        version = register_best(client, args.task, metric, args.experiment, args.run, args.alias,
                                 full_evaluation=not args.no_full_evaluation, include_debug=args.include_debug,
                                 val_set=args.val_set)  # fmt: skip
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
