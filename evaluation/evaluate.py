@@ -26,7 +26,7 @@ from evaluation.perturbed_split import predict_perturbed
 from evaluation.plots import write_plots
 from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.report import write_html, write_report
-from evaluation.suite import SuiteResult, compute_suite
+from evaluation.suite import COUNT_SUFFIXES, SuiteResult, compute_suite
 from evaluation.tables import PER_CLASS_TABLE, logged_tables_tag, per_class_metric_names, per_class_table, write_table
 from evaluation.thresholds import select_thresholds
 from evaluation.tta import TTAPredictor
@@ -83,7 +83,10 @@ def _frame(datamodule, split: str, probs: np.ndarray, labels: list[str]) -> pd.D
 
 def _prefixed(prefix: str, metrics: dict[str, float], macros_only: bool = False) -> dict[str, float]:
     keep = (
-        (lambda key: key.split("_ci_")[0] in MACROS or key.startswith("group/")) if macros_only else (lambda key: True)
+        # the left-out counts too: the card's and report's note on an interval reads them per set (evaluation.intervals)
+        (lambda key: key.split("_ci_")[0] in MACROS or key.startswith("group/") or key.endswith(COUNT_SUFFIXES))
+        if macros_only
+        else (lambda key: True)
     )
     return {f"{prefix}/{key}": value for key, value in metrics.items() if keep(key) and np.isfinite(value)}
 

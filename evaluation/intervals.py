@@ -12,7 +12,7 @@ these lines from here, from a run's flat metrics alone (``<set>/mAP_classes_left
 from __future__ import annotations
 
 from evaluation.metric_registry import SUITE
-from evaluation.suite import DROPPED_SUFFIX, LEFT_OUT_SUFFIX
+from evaluation.suite import DROPPED_SUFFIX, LEFT_OUT_SUFFIX, SCORED_SUFFIX
 
 #: The rule behind every ``value [low, high]`` the platform prints, in one line.
 CI_RULE = ("[low, high] = 95% bootstrap interval: 2.5th-97.5th percentiles of case-level resamples; a class with no "
@@ -26,8 +26,10 @@ def classes_left_out(metrics: dict[str, float], prefix: str, macro: str = "mAP")
     left_out = metrics.get(f"{prefix}/{macro}{LEFT_OUT_SUFFIX}")
     if left_out is None:
         return None
-    per_class = f"{prefix}/{SUITE.by_key(macro).key}/"  # a class entering the mean has its own value logged
-    entering = sum(1 for key in metrics if key.startswith(per_class))
+    entering = metrics.get(f"{prefix}/{macro}{SCORED_SUFFIX}")
+    if entering is None:  # a run logged before that count: a class entering the mean has its own value logged
+        per_class = f"{prefix}/{SUITE.by_key(macro).key}/"
+        entering = sum(1 for key in metrics if key.startswith(per_class))
     return int(left_out), int(left_out) + entering, int(metrics.get(f"{prefix}/{macro}{DROPPED_SUFFIX}", 0))
 
 

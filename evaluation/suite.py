@@ -40,6 +40,10 @@ VALTHR_METRICS = tuple(m.key for m in SUITE.per_class(val_thresholds=True) if m.
 DROP_COUNTED = ("mAP", "mAUROC")
 DROPPED_SUFFIX = "_resamples_dropping_a_class"
 LEFT_OUT_SUFFIX = "_classes_left_out"  # classes the full set defines no value for: out of the point estimate
+#: Classes entering the point estimate: with ``LEFT_OUT_SUFFIX``, the note's "2 of 30" for a set that logs no
+#: per-class values (``test_perturbed``, ``test_tta``, ``heldout``, or ``evaluation.per_class_metrics=false``).
+SCORED_SUFFIX = "_classes_scored"
+COUNT_SUFFIXES = (LEFT_OUT_SUFFIX, SCORED_SUFFIX, DROPPED_SUFFIX)  # the counts every metric set logs
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,7 @@ def compute_suite(
                 metrics[f"{name}{DROPPED_SUFFIX}"] = result.resamples_dropping_a_class(key)
         if name in DROP_COUNTED:  # the classes the point estimate itself leaves out (evaluation.intervals)
             metrics[f"{name}{LEFT_OUT_SUFFIX}"] = int(np.isnan(result.per_class[key]).sum())
+            metrics[f"{name}{SCORED_SUFFIX}"] = int(np.isfinite(result.per_class[key]).sum())
     for name, values in pooled_point.items():
         metrics[name] = float(values[0])
         if n_boot:

@@ -9,8 +9,11 @@ import torch
 from omegaconf import OmegaConf
 
 import evaluation.perturbed_split as split_module
+from evaluation.evaluate import _prefixed
+from evaluation.intervals import left_out_note
 from evaluation.perturb import PerturbCacheError, draw_params, perturb_image
 from evaluation.perturbed_split import canonical, perturbed_split, predict_perturbed
+from evaluation.suite import compute_suite
 from training.data.dataset import ManifestDataset
 from training.data.images import resize_pad, resize_stretch
 from training.data.transforms import build_transform
@@ -130,3 +133,16 @@ def test_predictions_are_the_models_outputs_on_the_resized_copy_in_order(sources
     with torch.no_grad():
         expected = torch.sigmoid(model(torch.stack([copy[i]["image"] for i in range(len(paths))]))).numpy()
     np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_macros_only_set_logs_the_counts_behind_its_left_out_note():
+    """``make card``'s ``test_perturbed/mAP`` row reads the note from the run's flat metrics, like ``test/mAP``."""
+    targets = np.zeros((30, 5), int)
+    targets[:10, 0], targets[5:20, 1], targets[3, 2] = 1, 1, 1  # classes 3 and 4: no positive
+    probs = np.random.default_rng(0).random((30, 5))
+    result = compute_suite(targets, probs, list("abcde"), n_boot=50, seed=1)
+    logged = _prefixed("test_perturbed", result.metrics, macros_only=True)
+    assert not any(key.startswith("test_perturbed/ap/") for key in logged)  # no per-class values for this set
+    assert logged["test_perturbed/mAP_classes_left_out"] == 2 and logged["test_perturbed/mAP_classes_scored"] == 3
+    note = left_out_note(logged, "test_perturbed", 50)
+    assert note.startswith("2 of 5 classes have no positive in test_perturbed and are left out of its macro means")
