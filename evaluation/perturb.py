@@ -10,6 +10,10 @@ a translation of -10% or +10% of the image size on each axis (discrete choices, 
 border; then, with probability 0.5, additive Gaussian noise with std uniform in [0.1, 0.2] on intensities in
 [0, 1], clipped. No flip, no rotation. Plain OpenCV is used rather than albumentations so the exact matrix and
 noise are visible here and cannot drift with a library's sampling conventions.
+
+The test phase perturbs at the source resolution, before any model's resize, through
+:mod:`evaluation.perturbed_split` (one copy for every input size); :func:`perturbed_set` is kept, unchanged, for
+callers that hold same-size images of their own and want exactly those perturbed.
 """
 
 from __future__ import annotations
