@@ -32,7 +32,9 @@ def main(cfg: DictConfig) -> None:
                            patient_ids=getattr(source, "patient_ids", True),
                            heterogeneity=OmegaConf.to_container(cfg.heterogeneity),
                            max_pixels=cfg.data.get("max_pixels", MAX_PIXELS),
-                           image_roots=image_roots(source, cfg.data.get("allow_outside_root", False)))  # fmt: skip
+                           image_roots=image_roots(source, cfg.data.get("allow_outside_root", False)),
+                           files_note=getattr(source, "table_only_note", None))  # fmt: skip
+    report.sections = {**getattr(source, "check_sections", {}), **report.sections}  # the adapter's own findings
     print(f"manifest: {manifest}\nimages:   {source.root}\n\n{report.render()}")
     sys.exit(1 if report.errors else 0)
 

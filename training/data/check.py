@@ -41,7 +41,7 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
                   size: int = 64, labels: Sequence[str] | None = None,
                   vocabulary: Sequence[str] = KNOWN_FINDINGS, patient_ids: bool = True,
                   heterogeneity: Mapping | None = None, max_pixels: int | None = MAX_PIXELS,
-                  image_roots: Sequence[Path] | None = None) -> DataReport:  # fmt: skip
+                  image_roots: Sequence[Path] | None = None, files_note: str | None = None) -> DataReport:  # fmt: skip
     """Counts per class and split with head-to-tail groups, patients per split, overlaps, unreadable files, and
     how the sources differ (:mod:`training.data.heterogeneity`).
 
@@ -64,6 +64,8 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         image_roots: folders the paths must lie under, as training requires them to
             (:func:`training.data.sources.image_roots`); a path outside is reported and never opened. None: paths
             are not judged (``data.allow_outside_root=true``).
+        files_note: set by a source that has no images here (PadChest's table alone): no image is opened, the
+            files and heterogeneity sections print this note instead, and the counts come from the table.
 
     Raises:
         ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).
@@ -98,6 +100,9 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         else "not checkable: the release has no patient ids (each image is its own patient)"
     )
 
+    if files_note is not None:
+        report.sections["files"] = report.sections["source heterogeneity"] = files_note
+        return report
     check = (
         (lambda path: read_grayscale(path, size, max_pixels=max_pixels))
         if decode

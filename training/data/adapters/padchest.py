@@ -260,12 +260,13 @@ class PadChestSource(AdapterSource):
             for i, name in unknown.items()])  # fmt: skip
         raise_if(problems, str(path))
 
+        beside = parsed.empty_names[~parsed.empty_names.isin(parsed.no_names)]  # empty names beside real ones
         summary.listing = pd.concat([
             self._listing(raw, parsed.unparsed, "Labels does not parse: unlabelled, kept out"),
             self._listing(raw, parsed.no_names, "no label name: unlabelled, kept out"),
-            self._listing(raw, parsed.empty_names.unique(), "empty name ignored"),
+            self._listing(raw, beside.unique(), "empty name ignored"),
         ]).sort_values("line", kind="stable")  # fmt: skip
-        summary.empty_names = len(parsed.empty_names)
+        summary.empty_names = len(beside)
         excluded = pd.Series(raw.index.isin(parsed.names.index[parsed.names == EXCLUDE]), index=raw.index)
         suboptimal = pd.Series(raw.index.isin(parsed.names.index[parsed.names == SUBOPTIMAL]), index=raw.index)
 
