@@ -32,16 +32,16 @@ from apps.benchmarks.imageclef_concepts.scoring import (
     secondary_vocabulary,
 )
 from apps.benchmarks.imageclef_concepts.tables import per_concept_table
+from apps.score_truth import read_truth
 from apps.submission import SubmissionError, submission_format
 from evaluation.bootstrap import resample_indices
 from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.predictions import PredictionsError, align_predictions, read_predictions
 from evaluation.report import chain_rule, headline_rows, ranking_chain
 from evaluation.suite import compute_suite
+from evaluation.unseen import unseen_scopes
 from training.config_files import CONFIGS
 from training.data.adapters.rocov2 import find_table, read_concept_names
-from training.data.findings import KNOWN_FINDINGS
-from training.data.manifest import load_manifest
 from training.errors import UserError, user_errors
 
 SHOWN_CONCEPTS = 20  # rows of the per-concept table printed (all of them go to --out)
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--task", default="task1")
     parser.add_argument("--n-boot", type=int, default=1000)
+    parser.add_argument("--data", default=None, help="the data config whose release table or internal_source to use")
     parser.add_argument("--manual", type=Path, default=None, help="concept tasks: the manual table (secondary F1)")
     parser.add_argument("--secondary", default="2024", choices=sorted(SECONDARY), help="concept tasks: its vocabulary")
     parser.add_argument("--names", type=Path, default=None, help="concept tasks: CUI,name table for the report")
@@ -84,19 +85,34 @@ def task_labels(task: str) -> list[str]:
     return list(config.get("unseen") or config.labels)
 
 
-def score(args: argparse.Namespace) -> None:
+def score(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Score a probability CSV; with several sources, the pooled test (resampled within source) and the internal
+    and external tests each (docs/rules.md §1, §3). Returns ``{scope: metrics}``."""
     labels = task_labels(args.task)
-    # Only the scored split must have images: an organisers' test-only manifest scores as well as a full one.
-    manifest = load_manifest(args.manifest, labels, KNOWN_FINDINGS, check_files=False, splits=(args.split,),
-                             refused="nothing was scored")  # fmt: skip
-    truth = manifest.split(args.split)
-    targets, probs = align_predictions(read_predictions(args.predictions), truth, labels, source=str(args.predictions))
-    result = compute_suite(targets, probs, labels, n_boot=args.n_boot)
-    print(f"{args.predictions} on {args.manifest} [{args.split}], {len(truth)} images, 95% bootstrap CIs")
-    print("\n".join(score_lines(result.metrics)))
+    truth = read_truth(args.manifest, labels, args.split, getattr(args, "data", None))
+    targets, probs = align_predictions(read_predictions(args.predictions), truth.frame, labels,
+                                       source=str(args.predictions))  # fmt: skip
+    sources = truth.sources if truth.sources is not None and len(set(truth.sources)) > 1 else None
+    results = {"all": compute_suite(targets, probs, labels, n_boot=args.n_boot, strata=sources).metrics}
+    for scope, rows in unseen_scopes(sources, truth.internal).items():
+        if scope in ("internal", "external") or (truth.internal is None and scope.startswith("source/")):
+            results[scope] = compute_suite(targets[rows], probs[rows], labels, n_boot=args.n_boot,
+                                           strata=sources[rows]).metrics  # fmt: skip
+    within = " (pooled, resampled within source)" if sources is not None else ""
+    print(f"{args.predictions} on {truth.described}, {len(truth.frame)} images{within}, 95% bootstrap CIs")
+    print("\n".join(score_lines(results["all"])))
+    for scope, metrics in list(results.items())[1:]:
+        rows = unseen_scopes(sources, truth.internal)[scope]
+        name = truth.internal if scope == "internal" else ", ".join(sorted(set(sources[rows])))
+        print(f"\n{scope} test ({name}), {len(rows)} images, resampled within source")
+        print("\n".join(score_lines(metrics)[1:]))
+    if sources is not None and truth.internal is None:
+        print(f"\n  no internal/external split: no data config's internal_source is among the sources "
+              f"{sorted(set(sources))} (--data names one)")  # fmt: skip
     # The rule behind the intervals, and what it leaves out (docs/evaluation.md, "Reading an interval").
-    left_out = left_out_note({f"{args.split}/{k}": v for k, v in result.metrics.items()}, args.split, args.n_boot)
+    left_out = left_out_note({f"{args.split}/{k}": v for k, v in results["all"].items()}, args.split, args.n_boot)
     print("\n".join(f"  {line}" for line in (CI_RULE, left_out) if line))
+    return results
 
 
 def score_lines(metrics: dict[str, float]) -> list[str]:

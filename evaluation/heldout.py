@@ -181,3 +181,53 @@ def write_record(draw: HeldoutDraw, path: Path) -> Path:
 
 def tags(draw: HeldoutDraw) -> dict[str, str]:
     return {TRAINED_ON_TAG: str(draw.trained_on).lower(), "cxrlt.heldout.split": draw.split}
+
+
+#: The record of Task 2's draw scored on the unseen classes (``heldout_unseen/...``, docs/zero-shot.md).
+UNSEEN_ARTIFACT = "evaluation/heldout_unseen.json"
+
+
+@dataclass
+class UnseenHeldout:
+    """The held-out draw of a zero-shot task, predicted on its unseen classes.
+
+    Attributes:
+        draw: which cases (same rule, seed and size as ``heldout/``).
+        rows: the drawn manifest rows (ids, source), in draw order.
+        targets: ``(n, U)`` their unseen-class labels, -1 where not labelled.
+        probs: ``(n, U)`` the model's unseen-class probabilities.
+    """
+
+    draw: HeldoutDraw
+    rows: pd.DataFrame
+    targets: np.ndarray
+    probs: np.ndarray
+
+
+def draw_unseen(scorer, datamodule, cfg, unseen: Sequence[str]) -> UnseenHeldout | None:
+    """Draw the configured held-out subset from the split as released and predict its unseen classes.
+
+    The organisers scored Task 2's stability draw (200 of the development set) on the six unseen findings, so the
+    draw is taken from the full manifest's split (``datamodule.unseen_split``): a training rule that sets images
+    aside from training and validation must not take them out of an evaluation. None when the subset is switched
+    off.
+
+    Args:
+        scorer: maps ``(B, 1, H, W)`` images to the ``(B, U)`` unseen logits (``evaluation.unseen.UnseenScorer``).
+        datamodule: the run's data module (``unseen_split``, ``batch_size``).
+        cfg: the run's config (``evaluation.heldout``).
+        unseen: the unseen class names, the target columns.
+    """
+    spec = cfg.evaluation.get("heldout")
+    if spec is None or not spec.get("enabled", False):
+        return None
+    split = str(spec.split)
+    frame, targets, dataset = datamodule.unseen_split(list(unseen), split)
+    if len(frame) == 0:
+        raise ValueError(f"evaluation.heldout.split={split!r}: the full manifest has no {split} rows")
+    rows = draw_rows(frame[ID_COLUMN], int(spec.size), int(spec.seed))
+    draw = HeldoutDraw(split, int(spec.seed), int(spec.size), len(frame), rows,
+                       tuple(str(i) for i in frame[ID_COLUMN].iloc[rows]))  # fmt: skip
+    images = np.stack([dataset.image(int(i)) for i in rows])  # (n, H, W) uint8, un-augmented
+    probs = TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(scorer, images)  # (n, U)
+    return UnseenHeldout(draw, frame.iloc[rows].reset_index(drop=True), np.asarray(targets)[rows], probs)

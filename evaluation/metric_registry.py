@@ -383,3 +383,31 @@ BINARY = Registry(
     )
 )
 """The binary benchmark metrics (pneumonia is the positive class), in table order."""
+
+# --- the zero-shot metric sets: prefixes a Task 2 run logs, in report order ---------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricSetName:
+    """A metric set's logged prefix and the words the report, the terminal and the card use for it.
+
+    Why here: the unseen-class report writes these prefixes, and the report, the terminal summary, the card and
+    the tests read them; one declaration keeps a renamed set from leaving a reader looking for the old name.
+    """
+
+    prefix: str
+    title: str
+
+
+UNSEEN_SETS = (
+    MetricSetName("test_unseen", "test"),
+    MetricSetName("test_unseen_tta", "test with TTA"),
+    MetricSetName("test_unseen_perturbed", "test perturbed"),
+    MetricSetName("heldout_unseen", "held-out subset"),
+)
+"""Task 2's analyses of the six unseen classes (docs/zero-shot.md, "Task 2 analyses as the paper reports them"):
+the test set, its TTA copy, its fixed perturbed copy and the held-out draw of the development set. Each logs its
+macros under ``<prefix>/...`` (the pooled test, resampled within source) and ``<prefix>/<scope>/...`` for every
+scope of :data:`UNSEEN_SCOPES` the images have, plus ``<prefix>/source/<centre>/...``; the perturbed copy also
+``<prefix>[/<scope>]/delta/<macro>`` (perturbed minus plain)."""
+UNSEEN_SCOPES = ("pooled", "internal", "external")

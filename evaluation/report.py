@@ -16,7 +16,7 @@ from markdown_it import MarkdownIt
 
 from evaluation.groups import GROUPS
 from evaluation.intervals import CI_RULE, left_out_note
-from evaluation.metric_registry import SUITE
+from evaluation.metric_registry import SUITE, UNSEEN_SCOPES, UNSEEN_SETS
 from evaluation.suite import DROPPED_SUFFIX
 
 HEADLINE = SUITE.headline()
@@ -126,6 +126,26 @@ def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = N
                      + chain_summary(metrics, "heldout"))  # fmt: skip
     if unseen and "test_unseen/mAP" in unseen:
         lines.append(f"unseen classes: {chain_summary(unseen, 'test_unseen')}")
+    return lines + (unseen_lines(unseen) if unseen else [])
+
+
+def unseen_lines(metrics: dict[str, float]) -> list[str]:
+    """One line per Task 2 analysis the run has (``evaluation.metric_registry.UNSEEN_SETS``): its mAP with CI on
+    the pooled, internal and external tests, the perturbed copy with its change from the plain test, and the
+    held-out draw's size (docs/zero-shot.md, "Task 2 analyses as the paper reports them")."""
+    lines = []
+    for metric_set in UNSEEN_SETS:
+        prefix = metric_set.prefix
+        if f"{prefix}/mAP" not in metrics:
+            continue
+        scopes = [(scope, f"{prefix}/{scope}/mAP") for scope in UNSEEN_SCOPES if f"{prefix}/{scope}/mAP" in metrics]
+        if metric_set is UNSEEN_SETS[0] and not scopes:  # the "unseen classes" line above already has it
+            continue
+        shown = ", ".join(f"{scope} {_ci3(metrics, key)}" for scope, key in scopes) or _ci3(metrics, f"{prefix}/mAP")
+        delta = metrics.get(f"{prefix}/delta/mAP")
+        change = f" ({delta:+.3f} vs test)" if delta is not None else ""
+        size = f", {int(metrics[f'{prefix}/n_images'])} cases" if f"{prefix}/n_images" in metrics else ""
+        lines.append(f"unseen mAP, {metric_set.title}{size}: {shown}{change}")
     return lines
 
 
@@ -144,6 +164,15 @@ def _heldout_section(evaluation) -> list[str]:
     if draw.caveat:
         lines += ["", f"**Caveat: {draw.caveat}.** Compare held-out figures between runs, not with `test`."]
     return lines
+
+
+def _unseen_section(evaluation) -> list[str]:
+    """A zero-shot run's unseen-class report (``evaluation.unseen``, set by the test phase): the six classes on the
+    internal, external and pooled tests, and the Task 2 analyses (TTA, perturbed, held-out) beside them."""
+    unseen = getattr(evaluation, "unseen", None)
+    if unseen is None:
+        return []
+    return ["", "## Task 2: unseen classes (zero-shot)", "", unseen.summary().rstrip()]
 
 
 def _calibration_section(evaluation) -> list[str]:
@@ -199,6 +228,7 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         lines += ["", *[f"- {note}" for note in notes]]
     lines += _calibration_section(evaluation)
     lines += _heldout_section(evaluation)
+    lines += _unseen_section(evaluation)
 
     lines += ["", "## Head-to-tail (groups by training prevalence)", "",
               "| group | classes | " + " | ".join(f"{s} mAP" for s in sets) + " |", "|---" * (len(sets) + 2) + "|"]  # fmt: skip

@@ -65,6 +65,9 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
         log.warning("held-out subset: %s", heldout.draw.describe())
     for note in interval_notes(evaluation):  # the terminal says it too, not only report.md
         log.warning("%s", note)
+    # Before `store`, so report.md carries the Task 2 analyses beside the seen classes (read by evaluation.report).
+    unseen = compute_unseen(model, datamodule, cfg)
+    evaluation.unseen = unseen
     with tempfile.TemporaryDirectory() as tmp:
         store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots, sink.set_tags)
         if heldout is not None:
@@ -73,7 +76,6 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
         if temperature is not None:
             record = temperature.write(Path(tmp) / TEMPERATURE_ARTIFACT)
             sink.log_artifact(record, str(Path(TEMPERATURE_ARTIFACT).parent))
-    unseen = compute_unseen(model, datamodule, cfg)
     if unseen is not None:
         store_unseen(unseen, sink.log_metrics, sink.log_artifact, sink.set_tags)
     return evaluation, unseen

@@ -2,18 +2,23 @@
 
 Two steps, like :func:`evaluation.evaluate.evaluate` and :func:`evaluation.evaluate.store`: :func:`compute_unseen`
 is pure (predictions and metrics, nothing logged), :func:`store_unseen` writes it into a run. The unseen labels
-come from the data module (``unseen_test_targets``: the full manifest the leak guard set aside, test split only).
-Every macro metric carries its bootstrap CI (docs/rules.md §3). Two reference points ride along on the same
-machinery: a seeded uniform-random score (``test_unseen_random/...``: AUROC 0.5, AP about the prevalence) and the
-prevalence baseline mAP.
+come from the data module: the full manifest the leak guard set aside (``unseen_test_targets`` for the test split,
+``unseen_split`` for the held-out draw). Every macro metric carries its bootstrap CI (docs/rules.md §3). Two
+reference points ride along on the same machinery: a seeded uniform-random score (``test_unseen_random/...``: AUROC
+0.5, AP about the prevalence) and the prevalence baseline mAP.
 
 CXR-LT 2026 scores Task 2 on two fixed test sets, an internal one (PadChest-GR) and an external one (NIH), with
 bootstrap resampling within each source. So every figure here resamples within source: per centre
-(``test_unseen/source/<name>/...``), the internal test, the external test (every other centre), and the pooled
-test (all images; each resample keeps every source's image count, ``evaluation.bootstrap``). Which centre is
-internal is a definition, not a property of the data: the data config names it (``data.internal_source``:
-``padchest`` for CXR-LT 2026), since "the centre with most training images" would change with a user's subset.
-Without that key the internal/external reports are left out (logged); the mapping is recorded as run tags.
+(``<set>/source/<name>/...``), the internal test, the external test (every other centre), and the pooled test
+(all images; each resample keeps every source's image count, ``evaluation.bootstrap``). Which centre is internal
+is a definition, not a property of the data: the data config names it (``data.internal_source``: ``padchest`` for
+CXR-LT 2026), since "the centre with most training images" would change with a user's subset. Without that key
+the internal/external reports are left out (logged); the mapping is recorded as run tags.
+
+The paper's Task 2 analyses are four sets of the same scopes (``evaluation.metric_registry.UNSEEN_SETS``): the
+test set (``test_unseen``), its test-time-augmented copy (``test_unseen_tta``, the run's ``tta`` views), its fixed
+perturbed copy (``test_unseen_perturbed``, the robustness set every model meets, docs/rules.md §4) and the
+held-out stability draw of the development set (``heldout_unseen``, docs/rules.md §10).
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ import pandas as pd
 from torch import nn
 
 from evaluation.evaluate import MACROS
+from evaluation.heldout import UNSEEN_ARTIFACT, HeldoutDraw, draw_unseen, write_record
+from evaluation.metric_registry import UNSEEN_SCOPES, UNSEEN_SETS
 from evaluation.metrics import prevalence_baseline_map
+from evaluation.perturbed_split import predict_perturbed
 from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.suite import compute_suite
 from evaluation.tta import TTAPredictor
@@ -37,6 +45,8 @@ from evaluation.tta import TTAPredictor
 log = logging.getLogger(__name__)
 
 RANDOM_SEED = 12345
+TEST, TTA, PERTURBED, HELDOUT = (s.prefix for s in UNSEEN_SETS)
+TITLES = {s.prefix: s.title for s in UNSEEN_SETS}
 
 
 class UnseenScorer(nn.Module):
@@ -56,13 +66,16 @@ class UnseenReport:
 
     Attributes:
         metrics: flat ``test_unseen/...`` (pooled, all classes), ``test_unseen/{pooled,internal,external}/...`` and
-            ``test_unseen/source/<name>/...`` (macros), and the same under ``test_unseen_random/``.
+            ``test_unseen/source/<name>/...`` (macros), the same under ``test_unseen_random/``, and the other sets
+            of ``UNSEEN_SETS`` (``test_unseen_tta/...``, ``test_unseen_perturbed/...``, ``heldout_unseen/...``).
         predictions: one row per test image: ids, source, the unseen probabilities and ``true/<class>``.
         unseen: the unseen class names.
         internal: the internal centre, or None without a source column.
         external: the other centres.
         sources: the test's centres; with more than one, every bootstrap resampled within them.
         transfer: how unseen scores were made (the adapter's transfer and whether it was chosen), or None.
+        frames: predictions of the other sets by prefix (``test_unseen_tta``, ..., ``heldout_unseen``).
+        heldout: the held-out draw behind ``heldout_unseen/...``, or None.
     """
 
     metrics: dict[str, float]
@@ -72,6 +85,8 @@ class UnseenReport:
     external: list[str] = field(default_factory=list)
     transfer: str | None = None
     sources: list[str] = field(default_factory=list)
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    heldout: HeldoutDraw | None = None
 
     @property
     def tags(self) -> dict[str, str]:
@@ -81,10 +96,12 @@ class UnseenReport:
         if self.internal is not None:
             tags["cxrlt.unseen.internal_source"] = self.internal
             tags["cxrlt.unseen.external_sources"] = ",".join(self.external)
+        if self.heldout is not None:
+            tags["cxrlt.heldout_unseen.split"] = self.heldout.split
         return tags
 
     def summary(self) -> str:
-        return summary_table(self.metrics, self.unseen, self.internal, self.transfer)
+        return summary_table(self.metrics, self.unseen, self.internal, self.transfer, self.heldout)
 
 
 def _macros(metrics: dict[str, float]) -> dict[str, float]:
@@ -108,6 +125,20 @@ def unseen_scopes(sources: np.ndarray | None, internal: str | None) -> dict[str,
     return scopes
 
 
+def scoped_metrics(prefix: str, targets: np.ndarray, scores: np.ndarray, sources: np.ndarray | None,
+                   internal: str | None, suite: dict, per_class: bool = False) -> dict[str, float]:  # fmt: skip
+    """``<prefix>/<macro>`` on all images (resampled within source), ``<prefix>/<scope>/<macro>`` for each scope of
+    :func:`unseen_scopes` (each resampled within its own centres), and per class when ``per_class``."""
+    result = compute_suite(targets, scores, **suite, strata=sources)
+    keep = result.metrics if per_class else _macros(result.metrics)
+    out = {f"{prefix}/{k}": v for k, v in keep.items() if np.isfinite(v)}
+    for scope, index in unseen_scopes(sources, internal).items():
+        part = result if scope == "pooled" else compute_suite(targets[index], scores[index], **suite,
+                                                              strata=sources[index])  # fmt: skip
+        out.update({f"{prefix}/{scope}/{k}": v for k, v in _macros(part.metrics).items()})
+    return out
+
+
 def unseen_metrics(targets: np.ndarray, probs: np.ndarray, labels: list[str], sources: np.ndarray | None,
                    n_boot: int, seed: int, threshold: float, internal: str | None = None) -> dict[str, float]:  # fmt: skip
     """Flat ``test_unseen/...`` (the pooled test, per class too), ``test_unseen/<scope>/...`` macros for each scope
@@ -115,17 +146,20 @@ def unseen_metrics(targets: np.ndarray, probs: np.ndarray, labels: list[str], so
     """
     suite = dict(labels=labels, n_boot=n_boot, seed=seed, threshold=threshold)
     random = np.random.default_rng(RANDOM_SEED).random(probs.shape)
-    scopes = unseen_scopes(sources, internal)
-    out: dict[str, float] = {}
-    for prefix, scores in (("test_unseen", probs), ("test_unseen_random", random)):
-        result = compute_suite(targets, scores, **suite, strata=sources)
-        keep = result.metrics if prefix == "test_unseen" else _macros(result.metrics)
-        out.update({f"{prefix}/{k}": v for k, v in keep.items() if np.isfinite(v)})
-        for scope, index in scopes.items():
-            part = result if scope == "pooled" else compute_suite(targets[index], scores[index], **suite,
-                                                                  strata=sources[index])  # fmt: skip
-            out.update({f"{prefix}/{scope}/{k}": v for k, v in _macros(part.metrics).items()})
-    out["test_unseen/prevalence_baseline_mAP"] = prevalence_baseline_map(targets)
+    out = scoped_metrics(TEST, targets, probs, sources, internal, suite, per_class=True)
+    out.update(scoped_metrics(f"{TEST}_random", targets, random, sources, internal, suite))
+    out[f"{TEST}/prevalence_baseline_mAP"] = prevalence_baseline_map(targets)
+    return out
+
+
+def perturbation_deltas(metrics: dict[str, float]) -> dict[str, float]:
+    """``test_unseen_perturbed[/<scope>]/delta/<macro>``: perturbed minus plain, for every scope both have."""
+    out = {}
+    for scope in ("", *(f"/{s}" for s in UNSEEN_SCOPES)):
+        for macro in MACROS:
+            plain, perturbed = metrics.get(f"{TEST}{scope}/{macro}"), metrics.get(f"{PERTURBED}{scope}/{macro}")
+            if plain is not None and perturbed is not None:
+                out[f"{PERTURBED}{scope}/delta/{macro}"] = perturbed - plain
     return out
 
 
@@ -134,6 +168,54 @@ def configured_internal_source(cfg) -> str | None:
     data = cfg.get("data") if hasattr(cfg, "get") else None
     value = data.get("internal_source") if data is not None and hasattr(data, "get") else None
     return str(value) if value not in (None, "") else None
+
+
+def _frame(rows: pd.DataFrame, probs: np.ndarray, targets: np.ndarray, unseen: list[str]) -> pd.DataFrame:
+    """Ids (and source), the unseen probabilities and ``true/<class>``: ``predictions/<set>.csv``."""
+    return pd.concat(
+        [rows[[ID_COLUMN] + [c for c in ("source",) if c in rows]].reset_index(drop=True),
+         pd.DataFrame(probs, columns=unseen), pd.DataFrame(targets.astype(int), columns=[TRUE_PREFIX + n for n in unseen])],
+        axis=1,
+    )  # fmt: skip
+
+
+def _sources(rows: pd.DataFrame) -> np.ndarray | None:
+    return rows["source"].astype(str).to_numpy() if "source" in rows else None
+
+
+def _test_copies(scorer: UnseenScorer, datamodule, cfg) -> dict[str, np.ndarray]:
+    """``{prefix: (N, U) probabilities}`` of the TTA and perturbed test copies the run's config switches on."""
+    copies = {}
+    if cfg.tta.enabled:
+        copies[TTA] = TTAPredictor.from_config(cfg.tta).predict(scorer, datamodule.eval_dataloader("test"))
+    if cfg.evaluation.perturbation.enabled:  # the same cached perturbed images as test_perturbed/
+        copies[PERTURBED] = predict_perturbed(scorer, datamodule, cfg.evaluation.perturbation, "test")
+    return copies
+
+
+def _heldout(scorer: UnseenScorer, datamodule, cfg, unseen: list[str], internal: str | None, suite: dict):
+    """``(metrics, frame, draw)`` of ``heldout_unseen``, or None when the subset is off, the data module cannot give
+    the split as released, or the draw has no labelled unseen class (each logged)."""
+    if not hasattr(datamodule, "unseen_split"):
+        return None
+    try:
+        drawn = draw_unseen(scorer, datamodule, cfg, unseen)
+    except ValueError as error:  # ManifestError too: a split without the unseen columns
+        log.warning("no held-out unseen-class figures: %s", error)
+        return None
+    if drawn is None:
+        return None
+    sources = _sources(drawn.rows)
+    inside = internal if sources is not None and internal in set(sources) else None
+    metrics = scoped_metrics(HELDOUT, drawn.targets, drawn.probs, sources, inside, suite)
+    if f"{HELDOUT}/mAP" not in metrics:
+        log.warning("no held-out unseen-class figures: the %s draw has no positive of any unseen class",
+                    drawn.draw.describe(with_caveat=False))  # fmt: skip
+        return None
+    metrics[f"{HELDOUT}/prevalence_baseline_mAP"] = prevalence_baseline_map(drawn.targets)
+    metrics[f"{HELDOUT}/n_images"] = float(len(drawn.rows))
+    metrics[f"{HELDOUT}/trained_on"] = float(drawn.draw.trained_on)
+    return metrics, _frame(drawn.rows, drawn.probs, drawn.targets, unseen), drawn.draw
 
 
 def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
@@ -147,11 +229,12 @@ def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
     except ValueError as error:  # ManifestError too: e.g. a test manifest without the unseen columns
         log.warning("no unseen-class report: %s", error)
         return None
+    scorer = UnseenScorer(model)
     probs = TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(
-        UnseenScorer(model), datamodule.eval_dataloader("test")
+        scorer, datamodule.eval_dataloader("test")
     )  # (N, U)
     rows = datamodule.split_frame("test")
-    sources = rows["source"].astype(str).to_numpy() if "source" in rows else None
+    sources = _sources(rows)
     ev = cfg.evaluation
     internal = configured_internal_source(cfg) if sources is not None else None
     if sources is not None and len(set(sources)) > 1 and internal not in set(sources):
@@ -159,63 +242,106 @@ def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
                     "sources %s); pooled and per-source figures only", internal, sorted(set(sources)))  # fmt: skip
         internal = None
     metrics = unseen_metrics(targets, probs, unseen, sources, ev.n_boot, ev.seed, ev.threshold, internal)
+    suite = dict(labels=unseen, n_boot=ev.n_boot, seed=ev.seed, threshold=ev.threshold)
+    frames = {}
+    for prefix, copy in _test_copies(scorer, datamodule, cfg).items():
+        metrics.update(scoped_metrics(prefix, targets, copy, sources, internal, suite))
+        frames[prefix] = _frame(rows, copy, targets, unseen)
+    metrics.update(perturbation_deltas(metrics))
+    heldout = _heldout(scorer, datamodule, cfg, unseen, configured_internal_source(cfg), suite)
+    draw = None
+    if heldout is not None:
+        held_metrics, frames[HELDOUT], draw = heldout
+        metrics.update(held_metrics)
     external = sorted(set(sources) - {internal}) if internal is not None else []
     transfer = getattr(model, "transfer", None)  # the semantic adapter's transfer, chosen on validation or fixed
     if transfer:
         how = "chosen on proxy-OOD validation" if getattr(model, "auto_transfer", False) else "as configured"
         transfer = f"{transfer}, {how}"
-    frame = pd.concat(
-        [rows[[ID_COLUMN] + [c for c in ("source",) if c in rows]].reset_index(drop=True),
-         pd.DataFrame(probs, columns=unseen), pd.DataFrame(targets.astype(int), columns=[TRUE_PREFIX + n for n in unseen])],
-        axis=1,
-    )  # fmt: skip
     centres = sorted(set(sources)) if sources is not None else []
-    return UnseenReport(metrics, frame, unseen, internal, external, transfer or None, centres)
+    return UnseenReport(metrics, _frame(rows, probs, targets, unseen), unseen, internal, external, transfer or None,
+                        centres, frames, draw)  # fmt: skip
 
 
 def store_unseen(report: UnseenReport, log_metrics: Callable[[dict], None],
                  log_artifact: Callable[[Path, str], None], set_tags: Callable[[dict], None]) -> None:  # fmt: skip
-    """Log the report's metrics and tags, and ``predictions/test_unseen.csv`` + ``evaluation/unseen_report.md``."""
+    """Log the report's metrics and tags, ``predictions/test_unseen.csv`` (and one CSV per other set),
+    ``evaluation/unseen_report.md`` and the held-out draw's ``evaluation/heldout_unseen.json``."""
     log_metrics(report.metrics)
     set_tags(report.tags)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "test_unseen.csv"
-        report.predictions.to_csv(path, index=False)
-        log_artifact(path, "predictions")
+        for prefix, frame in {TEST: report.predictions, **report.frames}.items():
+            path = Path(tmp) / f"{prefix}.csv"
+            frame.to_csv(path, index=False)
+            log_artifact(path, "predictions")
         summary = Path(tmp) / "unseen_report.md"
         summary.write_text(report.summary())
         log_artifact(summary, "evaluation")
+        if report.heldout is not None:
+            log_artifact(write_record(report.heldout, Path(tmp) / UNSEEN_ARTIFACT), str(Path(UNSEEN_ARTIFACT).parent))
     log.info("\n%s", report.summary())
 
 
-def summary_table(
-    metrics: dict[str, float], unseen: list[str], internal: str | None, transfer: str | None = None
-) -> str:
-    """Markdown: mAP and mAUROC with CIs on the pooled, internal and external tests and per centre, against the
-    random-score baseline."""
+def _cell(metrics: dict[str, float], key: str) -> str:
+    value = metrics.get(key)
+    if value is None:
+        return "n/a"
+    low, high = metrics.get(f"{key}_ci_low"), metrics.get(f"{key}_ci_high")
+    return f"{value:.3f} [{low:.3f}, {high:.3f}]" if low is not None else f"{value:.3f}"
 
-    def cell(prefix: str, macro: str) -> str:
-        value = metrics.get(f"{prefix}/{macro}")
-        if value is None:
-            return "n/a"
-        low, high = metrics.get(f"{prefix}/{macro}_ci_low"), metrics.get(f"{prefix}/{macro}_ci_high")
-        return f"{value:.3f} [{low:.3f}, {high:.3f}]" if low is not None else f"{value:.3f}"
+
+def _scope_rows(metrics: dict[str, float], prefix: str, internal: str | None) -> list[tuple[str, str]]:
+    """``(row label, key suffix)`` of the scopes ``prefix`` logged: pooled, internal, external, then per centre."""
 
     def role(name: str) -> str:
         return name if internal is None else f"{name} ({'internal' if name == internal else 'external'})"
 
-    present = {k.split("/")[1] for k in metrics if k.startswith("test_unseen/")}
+    present = {k.split("/")[1] for k in metrics if k.startswith(f"{prefix}/")}
     scopes = [("pooled (resampled within source)" if "pooled" in present else "overall", "")]
     scopes += [(f"internal ({internal})", "/internal")] if "internal" in present else []
     scopes += [("external", "/external")] if "external" in present else []
     scopes += sorted({(role(k.split("/")[2]), f"/source/{k.split('/')[2]}") for k in metrics
-                      if k.startswith("test_unseen/source/")})  # fmt: skip
+                      if k.startswith(f"{prefix}/source/")})  # fmt: skip
+    return scopes
+
+
+def analyses_table(metrics: dict[str, float], internal: str | None, macro: str = "mAP") -> list[str]:
+    """Markdown: ``macro`` with CIs of every Task 2 analysis (test, TTA, perturbed, its delta, held-out) on the
+    pooled, internal and external tests; a set the run did not compute is left out, a scope it lacks is ``n/a``."""
+    sets = [s for s in UNSEEN_SETS if f"{s.prefix}/{macro}" in metrics]
+    if len(sets) < 2:
+        return []
+    header = [s.title for s in sets] + (["perturbed - test"] if any(s.prefix == PERTURBED for s in sets) else [])
+    lines = [f"Task 2 analyses ({macro}, 95% CI, bootstrap within source):", "",
+             "| scope | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]  # fmt: skip
+    for label, suffix in _scope_rows(metrics, TEST, internal)[:3]:
+        cells = [_cell(metrics, f"{s.prefix}{suffix}/{macro}") for s in sets]
+        if len(header) > len(sets):
+            delta = metrics.get(f"{PERTURBED}{suffix}/delta/{macro}")
+            cells.append("n/a" if delta is None else f"{delta:+.3f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary_table(metrics: dict[str, float], unseen: list[str], internal: str | None, transfer: str | None = None,
+                  heldout: HeldoutDraw | None = None) -> str:  # fmt: skip
+    """Markdown: mAP and mAUROC with CIs on the pooled, internal and external tests and per centre, against the
+    random-score baseline; then the Task 2 analyses (:func:`analyses_table`) and what the held-out draw is."""
     chosen = f" (transfer: {transfer})" if transfer else ""
     lines = [f"Unseen classes (zero-shot): {', '.join(unseen)}{chosen}", "",
              "| test set | mAP | mAUROC | random mAP | random mAUROC |", "|---|---|---|---|---|"]  # fmt: skip
-    for label, suffix in scopes:
-        lines.append(f"| {label} | {cell('test_unseen' + suffix, 'mAP')} | {cell('test_unseen' + suffix, 'mAUROC')} | "
-                     f"{cell('test_unseen_random' + suffix, 'mAP')} | {cell('test_unseen_random' + suffix, 'mAUROC')} |")  # fmt: skip
-    per_class = [f"{n}: AP {metrics.get(f'test_unseen/ap/{n}', float('nan')):.3f}, "
-                 f"AUROC {metrics.get(f'test_unseen/auroc/{n}', float('nan')):.3f}" for n in unseen]  # fmt: skip
-    return "\n".join(lines + ["", "Per class: " + "; ".join(per_class), ""])
+    for label, suffix in _scope_rows(metrics, TEST, internal):
+        cells = [
+            _cell(metrics, f"{prefix}{suffix}/{m}") for prefix in (TEST, f"{TEST}_random") for m in ("mAP", "mAUROC")
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    per_class = [f"{n}: AP {metrics.get(f'{TEST}/ap/{n}', float('nan')):.3f}, "
+                 f"AUROC {metrics.get(f'{TEST}/auroc/{n}', float('nan')):.3f}" for n in unseen]  # fmt: skip
+    lines += ["", "Per class: " + "; ".join(per_class), ""]
+    analyses = analyses_table(metrics, internal)
+    if analyses:
+        lines += [*analyses, ""]
+    if heldout is not None and f"{HELDOUT}/mAP" in metrics:
+        lines += [f"Held-out subset: {heldout.describe()}; drawn from the split as released (images a training rule "
+                  f"set aside included), ids in `{UNSEEN_ARTIFACT}`.", ""]  # fmt: skip
+    return "\n".join(lines)

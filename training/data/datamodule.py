@@ -218,6 +218,30 @@ class CXRDataModule(L.LightningDataModule):
             raise ValueError(f"{manifest_path}: test rows differ from the training manifest's; cannot align labels")
         return full.targets("test")[: len(rows)]
 
+    def unseen_split(self, unseen: Sequence[str], split: str):
+        """``(rows, targets, dataset)`` of one split of the full manifest with the unseen classes as targets.
+
+        For Task 2's held-out draw (200 of the development set, scored on the unseen classes): the split as the
+        release holds it, not as training saw it (a zero-shot task's training rule may set images aside), cut like
+        its dataset (``data.subset``) and loaded without augmentation. Nothing of it reaches training.
+        """
+        manifest_path = getattr(self.source, "full_manifest", None) or self.source.prepare()
+        full = load_manifest(manifest_path, list(unseen), manifest_vocabulary(self.source), root=self.source.root,
+                             check_files=False, image_roots=image_roots(self.source, self.allow_outside_root),
+                             extra_columns=tuple(getattr(self.source, "extra_columns", ())))  # fmt: skip
+        rows, targets, positions = full.split(split), full.targets(split), full.positions(split)
+        limit = self.subset.get(split)
+        if limit is not None:
+            rows, targets, positions = rows.iloc[:limit], targets[:limit], positions[:limit]
+        table = full.table
+        cache = PreprocessedCache(image_list_fingerprint(table["image_id"], table["path"], full.root),
+                                  self.image_size, self.resize, self.cache_root)  # fmt: skip
+        store = cache.load() if self.cache and cache.is_complete(len(table)) else None
+        dataset = ManifestDataset(full.root, rows["path"], targets, rows["image_id"], self.image_size,
+                                  build_transform(None), preload=False, resize=self.resize, store=store,
+                                  positions=positions if store is not None else None, max_pixels=self.max_pixels)  # fmt: skip
+        return rows.reset_index(drop=True), targets, dataset
+
     def _processes(self) -> tuple[int, int]:
         """``(world size, rank)`` of the Trainer using this module; ``(1, 0)`` outside one (evaluation, tests)."""
         trainer = self.trainer
