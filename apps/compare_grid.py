@@ -1,13 +1,11 @@
-"""Summarise a grid of runs: mean +/- std over seeds of the test ranking chain and head-to-tail group mAP.
+"""A grid of runs at a glance: mean +/- std over seeds of the test ranking chain and head-to-tail group mAP.
 
 ``make compare`` launches the grid with Hydra's multirun and tags every run with one grid id; this reads the
-runs back from MLflow, so the table can be rebuilt any time from the tracking store alone.
+runs' logged metrics back from MLflow, so the table can be rebuilt any time from the tracking store alone. Whether
+the differences in it are more than noise is the paired comparison's question (``evaluation.comparison``).
 """
 
 from __future__ import annotations
-
-import argparse
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -15,7 +13,6 @@ from mlflow import MlflowClient
 
 from evaluation.groups import GROUPS
 from evaluation.report import ranking_chain
-from training.tracking.uri import tracking_client
 
 # the whole tie-break chain, so two losses can be ranked from the table alone (docs/rules.md §2)
 COLUMNS = (
@@ -45,19 +42,3 @@ def grid_table(client: MlflowClient, experiment: str, grid: str, by: str) -> pd.
                 )
         rows.append(row)
     return pd.DataFrame(rows).sort_values(by)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", required=True)
-    parser.add_argument("--grid", required=True, help="the cxrlt.grid tag of the runs")
-    parser.add_argument("--by", default="loss.name", help="param to group rows by (default loss.name)")
-    args = parser.parse_args(argv)
-    client = tracking_client()
-    table = grid_table(client, args.experiment, args.grid, args.by)
-    print(f"\ngrid {args.grid} in experiment {args.experiment}: mean ± std over seeds\n")
-    print(table.to_string(index=False))
-
-
-if __name__ == "__main__":
-    main()
