@@ -10,7 +10,8 @@ the perturbed set use. Filling with 0.0 would instead paint a mid-grey frame the
 
 Views and merge rules are looked up by name in :data:`VIEW_FACTORIES` and :data:`MERGES`, so a config names
 them and a new one is a function plus one registry entry. A view factory returns a *list* of views, so one
-config entry can expand to several (``multicrop`` gives 4 corner crops + the centre crop).
+config entry can expand to several (``multicrop`` gives 4 corner crops + the centre crop, and with ``flip`` their
+mirror images too: the 10-crop).
 """
 
 from __future__ import annotations
@@ -103,12 +104,26 @@ class Crop(View):
     ay: float
     ax: float
 
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """``(top, left, crop height, crop width)`` in pixels of an ``height x width`` image."""
+        ch, cw = max(1, round(self.size * height)), max(1, round(self.size * width))
+        return round(self.ay * (height - ch)), round(self.ax * (width - cw)), ch, cw
+
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         height, width = images.shape[-2:]
-        ch, cw = max(1, round(self.size * height)), max(1, round(self.size * width))
-        top, left = round(self.ay * (height - ch)), round(self.ax * (width - cw))
+        top, left, ch, cw = self.box(height, width)
         crop = images[..., top : top + ch, left : left + cw]  # (B, 1, ch, cw)
         return F.interpolate(crop, size=(height, width), mode="bilinear", align_corners=False)  # (B, 1, H, W)
+
+
+@dataclass(frozen=True)
+class Mirrored(View):
+    """Another view, then a left-right mirror: the flipped half of a 10-crop."""
+
+    view: View
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.flip(self.view(images), dims=(-1,))
 
 
 def _floats(value) -> list[float]:
@@ -143,11 +158,18 @@ MULTICROP_ANCHORS = {"top_left": (0.0, 0.0), "top_right": (0.0, 1.0), "bottom_le
                      "bottom_right": (1.0, 1.0), "centre": (0.5, 0.5)}  # fmt: skip
 
 
-def multicrop_views(size: float = 0.9, anchors: Sequence[str] = tuple(MULTICROP_ANCHORS)) -> list[View]:
-    """Crops of ``size`` at the 4 corners and the centre (by default), each resized back to full size."""
+def multicrop_views(
+    size: float = 0.9, anchors: Sequence[str] = tuple(MULTICROP_ANCHORS), flip: bool = False
+) -> list[View]:
+    """Crops of ``size`` at the 4 corners and the centre (by default), each resized back to full size.
+
+    ``flip`` adds each crop's mirror image after the crops: the classic 10-crop (4 corners and the centre, each
+    also flipped), the test-time augmentation of the CXR-LT 2026 Task 1 entry of overview Table 2 row D.
+    """
     if not 0.0 < size <= 1.0:
         raise ValueError(f"multicrop size must be in (0, 1], got {size}")
-    return [Crop(float(size), *MULTICROP_ANCHORS[anchor]) for anchor in anchors]
+    crops: list[View] = [Crop(float(size), *MULTICROP_ANCHORS[anchor]) for anchor in anchors]
+    return crops + [Mirrored(crop) for crop in crops] if flip else crops
 
 
 VIEW_FACTORIES: dict[str, Callable[..., list[View]]] = {

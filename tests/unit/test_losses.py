@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 
 from training.losses.asl import AsymmetricLoss
 from training.losses.bce import BCELoss
-from training.losses.db import DistributionBalancedLoss
+from training.losses.contrastive import multi_label_supcon
+from training.losses.db import DistributionBalancedLoss, EffectiveNumberMarginDBLoss
 from training.losses.focal import FocalLoss
 from training.losses.ldam import LDAMLoss
 from training.losses.weights import effective_number_weights
@@ -275,8 +276,8 @@ def test_drw_weights_schedule_and_normalisation():
         eff = (1 - 0.9999) / (1 - 0.9999 ** np.array([120.0, 30.0, 3.0, 1.0]))
         np.testing.assert_allclose(w.numpy(), eff / eff.sum() * 4, rtol=1e-5)
         assert torch.all(w[1:] > w[:-1])  # rarer class, larger weight
-    never = _with_counts(LDAMLoss(drw_epoch=None))
-    never.on_epoch_start(10_000)
+    never = _with_counts(LDAMLoss(drw_start=None, drw_epoch=None))
+    never.on_epoch_start(10_000, 10_001)
     assert torch.equal(never.class_weights(), torch.ones(4))
     always = _with_counts(LDAMLoss(drw_epoch=0))
     assert not torch.equal(always.class_weights(), torch.ones(4))
@@ -397,6 +398,150 @@ def test_db_negative_tolerance_softens_negative_gradient():
     assert x.grad.item() == pytest.approx(_sigmoid(-4.0), rel=1e-5)  # d/dz (1/2) softplus(2z) = sigmoid(2z)
 
 
+def test_db_variant_weights_and_margin_on_a_two_class_toy():
+    """Row A's variant: effective-number class weights and a positive margin, by hand on 2 classes.
+
+    beta 0.5, counts [1, 2]: raw weights (1 - 0.5) / (1 - 0.5^n) = [1, 2/3], normalised to sum 2: [6/5, 4/5].
+    Margin 0.5 on the positive of class 0 (logit 0.3 -> -0.2); the negative of class 1 keeps its logit -0.4.
+    """
+    bare = {"focal": False, "neg_scale": 1.0, "init_bias": 0.0, "reduction": "sum"}
+    loss = _with_counts(
+        EffectiveNumberMarginDBLoss(class_beta=0.5, pos_margin=0.5, **bare), torch.tensor([1.0, 2.0]), 4
+    )
+    np.testing.assert_allclose(loss.class_weights().numpy(), [1.2, 0.8], rtol=1e-6)
+    x = torch.tensor([[0.3, -0.4]])
+    y = torch.tensor([[1.0, 0.0]])
+    want = 1.2 * math.log1p(math.exp(0.2)) + 0.8 * math.log1p(math.exp(-0.4))  # 1.2 bce(-0.2, 1) + 0.8 bce(-0.4, 0)
+    assert loss(x, y).item() == pytest.approx(want, rel=1e-6)
+    # the margin costs a positive exactly what a logit 0.5 lower costs it; negatives do not move
+    no_margin = _with_counts(
+        EffectiveNumberMarginDBLoss(class_beta=0.5, pos_margin=0.0, **bare), torch.tensor([1.0, 2.0]), 4
+    )
+    assert loss(x, y).item() == pytest.approx(no_margin(x - torch.tensor([[0.5, 0.0]]), y).item(), rel=1e-6)
+    # the plain DB class has both parts off by default
+    assert torch.equal(_with_counts(DistributionBalancedLoss(), DB_COUNTS, DB_N).class_weights(), torch.ones(3))
+
+
+def test_db_variant_matches_formula_with_every_part_on():
+    """The full variant (NTR, prior bias in the head, focal term) against a float64 loop."""
+    x, y, _ = _batch(21, b=5, c=3)
+    loss = _with_counts(EffectiveNumberMarginDBLoss(), DB_COUNTS, DB_N)
+    counts = DB_COUNTS.numpy().astype(np.float64)
+    eff = (1 - 0.9999) / (1 - 0.9999**counts)
+    w_class = eff / eff.sum() * 3
+    out = np.zeros((5, 3))
+    for i in range(5):
+        for j in range(3):
+            z = float(x[i, j])
+            if y[i, j] > 0.5:
+                w, ce = w_class[j], _bce(z - 0.5, 1.0)
+            else:
+                w, ce = w_class[j] / 2.0, _bce(2.0 * z, 0.0)
+            out[i, j] = 2.0 * (1 - math.exp(-ce)) ** 2 * w * ce
+    assert loss(x, y).item() == pytest.approx(out.mean(), rel=1e-5)
+    assert loss.init_bias() is not None  # the prior bias still goes into the head
+
+
+# ---------------------------------------------------------------------------------------------- DRW share
+
+
+@pytest.mark.parametrize(("max_epochs", "first"), [(20, 16), (8, 6), (1, 0)])
+def test_ldam_drw_start_is_a_share_of_the_run(max_epochs, first):
+    """drw_start 0.8: DRW from epoch 16 of 20, 6 of 8 (the old fixed default), 0 of a one-epoch run."""
+    loss = _with_counts(LDAMLoss(drw_start=0.8))
+    for epoch in range(max_epochs):
+        loss.on_epoch_start(epoch, max_epochs)
+        assert loss.drw_active == (epoch >= first), (epoch, max_epochs)
+    # an absolute drw_epoch (older configs) wins over the share
+    legacy = _with_counts(LDAMLoss(drw_start=0.8, drw_epoch=2))
+    legacy.on_epoch_start(2, 20)
+    assert legacy.drw_active
+
+
+def test_ldam_drw_start_without_the_run_length_is_reported():
+    loss = _with_counts(LDAMLoss(drw_start=0.8))
+    assert not loss.drw_active  # before any epoch: nothing of the run has passed
+    loss.on_epoch_start(3)
+    with pytest.raises(RuntimeError, match="max_epochs"):
+        loss.class_weights()
+
+
+# -------------------------------------------------------------------------------------- contrastive (aux)
+
+
+def _supcon_loop(z: np.ndarray, y: np.ndarray, t: float) -> float:
+    """The multi-label supervised contrastive loss written out: anchors (i, c), positives j != i with y_jc = 1."""
+    z = z / np.linalg.norm(z, axis=1, keepdims=True)
+    n = len(z)
+    terms = []
+    for i in range(n):
+        denominator = sum(math.exp(float(z[i] @ z[a]) / t) for a in range(n) if a != i)
+        for c in range(y.shape[1]):
+            positives = [j for j in range(n) if j != i and y[j, c] == 1]
+            if y[i, c] == 1 and positives:
+                terms.append(
+                    -sum(math.log(math.exp(float(z[i] @ z[p]) / t) / denominator) for p in positives) / len(positives)
+                )
+    return sum(terms) / len(terms)
+
+
+def test_multi_label_supcon_on_three_samples_matches_a_plain_loop():
+    z = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    y = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])  # class 0: images 0, 1; class 1: images 0, 2
+    got = multi_label_supcon(z, y, temperature=0.5)
+    assert got.item() == pytest.approx(_supcon_loop(z.numpy(), y.numpy(), 0.5), rel=1e-6)
+    # by hand: the anchors are (0,0) -> 1, (1,0) -> 0, (0,1) -> 2, (2,1) -> 0, with s01 = 0.6, s02 = 0, s12 = 0.8
+    e = math.exp
+    want = (
+        -math.log(e(1.2) / (e(1.2) + e(0.0)))
+        - math.log(e(1.2) / (e(1.2) + e(1.6)))
+        - math.log(e(0.0) / (e(1.2) + e(0.0)))
+        - math.log(e(0.0) / (e(0.0) + e(1.6)))
+    ) / 4
+    assert got.item() == pytest.approx(want, rel=1e-6)
+    # an unlabelled entry is not a positive: masking y[2, 1] leaves class 1 with image 0 alone, no anchor there
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    mask[2, 1] = False
+    masked = multi_label_supcon(z, y, mask, temperature=0.5)
+    assert masked.item() == pytest.approx(_supcon_loop(z.numpy(), (y * mask).numpy(), 0.5), rel=1e-6)
+
+
+def test_multi_label_supcon_pulls_same_finding_together_and_is_zero_without_pairs():
+    y = torch.tensor([[1.0], [1.0], [0.0]])
+    close = multi_label_supcon(torch.tensor([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.0]]), y)
+    apart = multi_label_supcon(torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.9, 0.1]]), y)
+    assert close < apart
+    z = torch.randn(3, 4, requires_grad=True)
+    none = multi_label_supcon(z, torch.tensor([[1.0], [0.0], [0.0]]))  # one positive: no positive pair
+    none.backward()
+    assert none.item() == 0.0 and torch.equal(z.grad, torch.zeros_like(z))
+
+
+def test_contrastive_aux_term_trains_beside_the_loss_and_never_predicts():
+    """aux_loss=multi_supcon in the classifier: loss = main + weight * contrastive(projection(pooled feature))."""
+    from training.models.module import MultiLabelClassifier
+
+    node = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR.parent / "aux_loss" / "multi_supcon.yaml"))
+    node["weight"] = 0.4
+    model_cfg = {"backbone": "resnet10t", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0, "aux_loss": node}
+    torch.manual_seed(0)
+    model = MultiLabelClassifier(model_cfg, {"name": "bce", "_target_": "training.losses.bce.BCELoss"}, ["A", "B"])
+    model.eval()
+    assert model.aux_head is None and model.aux_term is not None
+    images = torch.randn(4, 1, 32, 32)
+    targets = torch.tensor([[1, 0], [1, 1], [0, 1], [1, 0]])
+    mask = torch.ones_like(targets, dtype=torch.bool)
+    with torch.no_grad():
+        pooled = model.backbone(images)
+        main = BCELoss()(model.head(pooled), targets, mask)
+        aux = multi_label_supcon(model.aux_term.projection(pooled), targets, mask, temperature=0.1)
+        torch.testing.assert_close(model.training_loss(images, targets, mask), main + 0.4 * aux)
+        before = model(images)
+        for parameter in model.aux_term.parameters():
+            parameter.add_(3.0)
+        torch.testing.assert_close(model(images), before)  # predictions never read the projection
+
+
 # ---------------------------------------------------------------------------------------- shared properties
 
 
@@ -460,7 +605,7 @@ CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
 
 def test_every_new_loss_has_a_config():
     names = {p.stem for p in CONFIGS}
-    assert {"bce", "focal", "asl", "ldam", "db"} <= names
+    assert {"bce", "focal", "asl", "ldam", "db", "db_en_margin"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -478,7 +623,7 @@ def test_config_instantiates_and_trains(path):
         assert cfg[name] == p.default, f"{path.name}: {name}={cfg[name]!r}, constructor default {p.default!r}"
 
     loss.set_class_counts(COUNTS, N_SAMPLES)
-    loss.on_epoch_start(100)
+    loss.on_epoch_start(100, 120)
     head = torch.nn.Linear(5, 4)
     bias = loss.init_bias()
     if bias is not None:

@@ -1,10 +1,10 @@
-"""Warmup + cosine learning-rate multiplier."""
+"""Warmup + cosine learning-rate multiplier; a phase start as a share of the run."""
 
 import math
 
 import pytest
 
-from training.models.schedule import warmup_cosine
+from training.models.schedule import epoch_at_fraction, warmup_cosine
 
 
 def test_linear_warmup_then_cosine_to_the_floor():
@@ -20,3 +20,19 @@ def test_linear_warmup_then_cosine_to_the_floor():
 
 def test_no_warmup_starts_at_full_rate():
     assert warmup_cosine(0, 50, 0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "max_epochs", "epoch"),
+    [(0.8, 200, 160), (0.8, 20, 16), (0.7, 20, 14), (0.7, 8, 6), (0.8, 1, 0), (1.0, 5, 4), (0.0, 5, 0)],
+)
+def test_epoch_at_fraction_follows_max_epochs(fraction, max_epochs, epoch):
+    """LDAM-DRW's 160 of 200 is 0.8; the same share is epoch 16 of 20; the switch always falls inside the run."""
+    assert epoch_at_fraction(fraction, max_epochs) == epoch
+
+
+def test_epoch_at_fraction_refuses_shares_outside_the_run():
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        epoch_at_fraction(1.5, 10)
+    with pytest.raises(ValueError, match="max_epochs"):
+        epoch_at_fraction(0.5, 0)

@@ -15,6 +15,7 @@ from evaluation.tta import (
     Crop,
     HFlip,
     Identity,
+    Mirrored,
     Scale,
     Shift,
     TTAPredictor,
@@ -76,6 +77,26 @@ def test_multicrop_expands_to_five_full_size_views(images):
     assert Crop(0.5, 0.0, 0.0)(ramp).mean().item() == pytest.approx(2.5)  # 2x bilinear upsampling keeps the mean
     assert Crop(0.5, 1.0, 1.0)(ramp).mean().item() == pytest.approx(12.5)
     assert len(build_views(["identity", "multicrop", "hflip", "scale", "shift"])) == 1 + 5 + 1 + 2 + 4
+
+
+def test_ten_crop_boxes_on_a_six_by_six_image():
+    """The 10-crop: 4 corners and the centre at half the side (3x3 boxes of a 6x6 image), then each mirrored."""
+    views = build_views([{"name": "multicrop", "size": 0.5, "flip": True}])
+    assert len(views) == 10
+    crops, mirrors = views[:5], views[5:]
+    # (top, left, height, width): the corners at 0 and 6 - 3 = 3, the centre at round(0.5 * 3) = round(1.5) = 2
+    assert [crop.box(6, 6) for crop in crops] == [(0, 0, 3, 3), (0, 3, 3, 3), (3, 0, 3, 3), (3, 3, 3, 3), (2, 2, 3, 3)]
+    assert all(isinstance(m, Mirrored) and m.view == crop for m, crop in zip(mirrors, crops, strict=True))
+    image = torch.arange(36.0).reshape(1, 1, 6, 6)
+    for crop, mirror in zip(crops, mirrors, strict=True):
+        top, left, h, w = crop.box(6, 6)
+        box = image[..., top : top + h, left : left + w]
+        expected = torch.nn.functional.interpolate(box, size=(6, 6), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(crop(image), expected)  # the box's pixels, resized back to the full size
+        torch.testing.assert_close(mirror(image), torch.flip(expected, dims=(-1,)))
+    # the top-left box holds rows 0-2, columns 0-2 of the ramp: mean (0 + 1 + 2 + 6 + ... + 14) / 9 = 7
+    assert crops[0](image).mean().item() == pytest.approx(7.0)
+    assert mirrors[3](image).mean().item() == pytest.approx(28.0)  # bottom-right box: rows 3-5, columns 3-5
 
 
 def test_registries_and_unknown_names():
@@ -182,3 +203,5 @@ def test_config_files_build_predictors():
     multicrop = TTAPredictor.from_config(OmegaConf.load(CONFIGS / "multicrop.yaml"))
     assert len(multicrop.views) == 6 and multicrop.views[0] == Identity()
     assert multicrop.describe()[1] == "Crop(size=0.9, ay=0.0, ax=0.0)"
+    tencrop = TTAPredictor.from_config(OmegaConf.load(CONFIGS / "tencrop.yaml"))
+    assert len(tencrop.views) == 10 and tencrop.views[5] == Mirrored(Crop(0.875, 0.0, 0.0))

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from training.data.cache import FORMAT_VERSION, image_list_fingerprint
 from training.data.images import MAX_PIXELS, RESIZERS, ImageDecodeError, check_file, decode, read_grayscale, to_uint8
+from training.data.targeted_augment import CLASS_TARGETS
 
 # Projection spellings seen across sources (NIH "PA"/"AP", MIMIC "AP AXIAL", "XTABLE LATERAL", "LL", PadChest
 # "AP_horizontal", lower case from hand-made manifests) folded onto one name, so a view-routed model configured
@@ -154,7 +155,10 @@ class ManifestDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         item = {
-            "image": self.transform(image=np.ascontiguousarray(self.image(index)))["image"],  # (1, H, W) float
+            # the target row rides along for label-aware steps (training/data/targeted_augment.py); others ignore it
+            "image": self.transform(
+                image=np.ascontiguousarray(self.image(index)), **{CLASS_TARGETS: self.targets[index].numpy()}
+            )["image"],  # (1, H, W) float
             "target": self.targets[index],  # (C,)
             "index": index,
         }

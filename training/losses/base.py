@@ -23,8 +23,12 @@ class MultiLabelLoss(nn.Module):
         self.register_buffer("class_counts", class_counts.detach().float().clone(), persistent=False)
         self.n_samples = int(n_samples)
 
-    def on_epoch_start(self, epoch: int) -> None:
-        """Hook for losses whose weighting depends on the epoch (deferred re-weighting)."""
+    def on_epoch_start(self, epoch: int, max_epochs: int | None = None) -> None:
+        """Hook for losses whose weighting depends on the epoch (deferred re-weighting).
+
+        ``max_epochs`` is the run's ``trainer.max_epochs``, so a schedule can be a share of the run rather than a
+        fixed epoch number (:func:`training.models.schedule.epoch_at_fraction`).
+        """
 
     def init_bias(self) -> torch.Tensor | None:
         """Optional classifier-bias initialisation ``(C,)`` the loss wants (DB's class-prior init)."""

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from training.losses.base import MultiLabelLoss
 from training.losses.weights import clamp_counts, effective_number_weights, require_counts
+from training.models.schedule import epoch_at_fraction
 
 
 class LDAMLoss(MultiLabelLoss):
@@ -42,7 +43,7 @@ class LDAMLoss(MultiLabelLoss):
     head with ``s = 30``, or lower ``s`` (and/or the learning rate) with a linear head. Margins are in logit
     units either way, so ``max_m = 0.5`` is large relative to cosine logits and small relative to raw ones.
 
-    **DRW.** Before epoch ``drw_epoch`` (0-based, as passed to :meth:`on_epoch_start`) no weights; from it on,
+    **DRW.** Before the DRW epoch (0-based, as passed to :meth:`on_epoch_start`) no weights; from it on,
     each positive entry of class ``c`` is weighted by ``w_c = (1 - beta) / (1 - beta ** n_pos_c)``, normalised
     to sum to ``C`` (kaidic/LDAM-DRW ``cifar_train.py``). Negative entries keep weight 1: in the reference a
     class weight multiplies the loss of the samples *of* that class, and the multi-label analogue of "a sample
@@ -56,9 +57,13 @@ class LDAMLoss(MultiLabelLoss):
     Args:
         max_m: largest margin after normalisation (reference 0.5).
         s: logit scale applied to the margin-shifted logits (reference 30; see above for linear heads).
-        drw_epoch: first 0-based epoch with DRW weights; ``0`` re-weights from the start, ``None`` never. The
-            reference switches at epoch 160 of 200; the default 6 is the same fraction of the platform's default
-            ``trainer.max_epochs`` (8). It is an absolute epoch, so scale it with ``max_epochs``.
+        drw_start: share of ``trainer.max_epochs`` trained before DRW starts (reference: epoch 160 of 200, 0.8);
+            the epoch is :func:`training.models.schedule.epoch_at_fraction` of the run's own ``max_epochs``, so
+            one setting serves a 20-epoch run (epoch 16), the default 8 (epoch 6) and a smoke run. ``None``
+            never re-weights.
+        drw_epoch: an absolute 0-based DRW epoch instead (``0`` re-weights from the start); when set it wins
+            over ``drw_start``. Kept so that configs written before ``drw_start`` (finished runs) rebuild as
+            they trained.
         beta: effective-number parameter of the DRW weights (reference 0.9999).
         negative_margins: also apply the negative-side margin ``m_neg`` (see above).
         reduction: see :meth:`MultiLabelLoss.reduce`; ``mean`` over labelled entries (the reference CE is a
@@ -69,7 +74,8 @@ class LDAMLoss(MultiLabelLoss):
         self,
         max_m: float = 0.5,
         s: float = 30.0,
-        drw_epoch: int | None = 6,
+        drw_start: float | None = 0.8,
+        drw_epoch: int | None = None,
         beta: float = 0.9999,
         negative_margins: bool = True,
         reduction: str = "mean",
@@ -81,21 +87,45 @@ class LDAMLoss(MultiLabelLoss):
             raise ValueError(f"s must be > 0, got {s}")
         if drw_epoch is not None and int(drw_epoch) < 0:
             raise ValueError(f"drw_epoch must be a non-negative epoch or null, got {drw_epoch}")
+        if drw_start is not None and not 0.0 <= drw_start <= 1.0:
+            raise ValueError(f"drw_start must be a share of the run in [0, 1] or null, got {drw_start}")
         self.max_m = float(max_m)
         self.s = float(s)
         self.drw_epoch = None if drw_epoch is None else int(drw_epoch)
+        self.drw_start = None if drw_start is None else float(drw_start)
         self.beta = float(beta)
         self.negative_margins = negative_margins
         self.reduction = reduction
         self.epoch = 0
+        self.max_epochs: int | None = None
 
-    def on_epoch_start(self, epoch: int) -> None:
-        """Record the 0-based epoch; DRW weights apply once ``epoch >= drw_epoch``."""
+    def on_epoch_start(self, epoch: int, max_epochs: int | None = None) -> None:
+        """Record the 0-based epoch and the run's length; DRW weights apply from :attr:`drw_first_epoch` on."""
         self.epoch = int(epoch)
+        self.max_epochs = None if max_epochs is None else int(max_epochs)
+
+    @property
+    def drw_first_epoch(self) -> int | None:
+        """The first DRW epoch: ``drw_epoch`` when set, else ``drw_start`` of the run's ``max_epochs``.
+
+        Before any epoch has started (a loss called outside a fit) the run's length is unknown: only a share of 0
+        has then begun. Past epoch 0 a missing length is a wiring bug, reported rather than guessed.
+        """
+        if self.drw_epoch is not None or self.drw_start is None:
+            return self.drw_epoch
+        if self.max_epochs is None:
+            if self.epoch == 0:
+                return 0 if self.drw_start == 0 else None
+            raise RuntimeError(
+                "LDAMLoss(drw_start=...) needs the run's length: the LightningModule must call "
+                "loss.on_epoch_start(epoch, trainer.max_epochs) at each epoch start"
+            )
+        return epoch_at_fraction(self.drw_start, self.max_epochs)
 
     @property
     def drw_active(self) -> bool:
-        return self.drw_epoch is not None and self.epoch >= self.drw_epoch
+        first = self.drw_first_epoch
+        return first is not None and self.epoch >= first
 
     def margins(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-class margins ``(m_pos (C,), m_neg (C,))``, the largest of all equal to ``max_m``."""
@@ -108,7 +138,7 @@ class LDAMLoss(MultiLabelLoss):
         return m_pos * scale, m_neg * scale
 
     def class_weights(self) -> torch.Tensor:
-        """DRW weights ``(C,)`` for positive entries: all ones before ``drw_epoch``, effective-number after."""
+        """DRW weights ``(C,)`` for positive entries: all ones before the DRW epoch, effective-number after."""
         counts, _ = require_counts(self)
         if not self.drw_active:
             return torch.ones_like(counts, dtype=torch.float32)

@@ -6,7 +6,7 @@ evaluates and serves through the same code:
 - ``model.head``: a head module (:mod:`training.models.heads`); one that sets ``uses_feature_map`` receives the
   backbone's unpooled ``(B, F, h, w)`` map, one that defines ``training_loss`` adds its own terms (a gate, experts);
 - ``model.aux_loss``: a second, linear head on the pooled feature whose loss is added with a weight during
-  training only;
+  training only, or a term of its own named by ``_target_`` (a contrastive loss on the pooled feature);
 - ``logit_temperature``: per-class temperatures fitted on validation after training (docs/recipes.md,
   "Temperature scaling"); 1 while training, so a checkpoint without them behaves as before.
 """
@@ -106,9 +106,19 @@ class MultiLabelClassifier(L.LightningModule):
         self.save_hyperparameters()
         self.labels = list(labels)
         self.backbone, self.head = self.build_network(model_cfg)
-        aux = model_cfg.get("aux_loss") or {}
-        self.aux_weight = float(aux.get("weight", 0.0))
-        self.aux_head = nn.Linear(self.backbone.num_features, len(self.labels)) if self.aux_weight > 0 else None
+        aux = {key: value for key, value in (model_cfg.get("aux_loss") or {}).items() if key != "weight"}
+        self.aux_weight = float((model_cfg.get("aux_loss") or {}).get("weight", 0.0))
+        # An auxiliary node with a `_target_` is its own term on the pooled feature (the multi-label contrastive
+        # loss, configs/aux_loss/multi_supcon.yaml); without one it is a linear head trained with the configured loss.
+        own_term = self.aux_weight > 0 and "_target_" in aux
+        self.aux_term = (
+            build_component({**aux, "in_features": self.backbone.num_features, "num_labels": len(self.labels)})
+            if own_term
+            else None
+        )
+        self.aux_head = (
+            nn.Linear(self.backbone.num_features, len(self.labels)) if self.aux_weight > 0 and not own_term else None
+        )
         # Divides the logits; fitted after training (evaluation/temperature.py), stored with the weights, so the
         # checkpoint, `make evaluate`, `make submit` and the served model all apply it.
         self.register_buffer("logit_temperature", torch.ones(len(self.labels)))
@@ -158,6 +168,8 @@ class MultiLabelClassifier(L.LightningModule):
         )
         if self.aux_head is not None:
             loss = loss + self.aux_weight * self.loss(self.aux_head(self.pooled(features)), targets, mask)
+        if self.aux_term is not None:
+            loss = loss + self.aux_weight * self.aux_term(self.pooled(features), targets, mask)
         return loss
 
     def set_label_statistics(self, class_counts: np.ndarray, n_samples: int) -> None:
@@ -189,7 +201,7 @@ class MultiLabelClassifier(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         if getattr(self, "backbone_frozen", False):
             self.backbone.eval()  # Lightning puts the whole module in train mode each epoch
-        self.loss.on_epoch_start(self.current_epoch)
+        self.loss.on_epoch_start(self.current_epoch, self.trainer.max_epochs)  # a schedule may be a share of the run
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         targets = batch["target"]  # (B, C), -1 = not labelled

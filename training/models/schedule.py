@@ -1,4 +1,5 @@
-"""Learning-rate schedule: linear warmup then cosine decay, stepped per optimiser step."""
+"""Schedules over a run: the learning rate (linear warmup then cosine decay, stepped per optimiser step) and the
+epoch at which a phase starts, given as a share of ``trainer.max_epochs`` (DRW, the two-phase experts)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,19 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_factor: fl
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def epoch_at_fraction(fraction: float, max_epochs: int) -> int:
+    """The 0-based epoch at which a share ``fraction`` of ``max_epochs`` has passed, kept inside the run.
+
+    Why: a switch written as an epoch number (DRW at epoch 160, the experts at epoch 14) silently stops meaning
+    the same thing when a run is made shorter or longer; a share of the run does not. The result is rounded to
+    the nearest epoch and clamped to ``[0, max_epochs - 1]``, so the switch always happens: a one-epoch smoke run
+    is all in the later phase (LDAM-DRW's 0.8 of 200 epochs is epoch 160, of 20 epochs 16, of 8 epochs 6).
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"an epoch fraction must be in [0, 1], got {fraction}")
+    if max_epochs is None or int(max_epochs) < 1:
+        raise ValueError(f"an epoch fraction needs trainer.max_epochs >= 1, got {max_epochs}")
+    last = int(max_epochs) - 1
+    return min(last, max(0, round(fraction * int(max_epochs))))

@@ -20,6 +20,7 @@ import lightning.pytorch as L
 import torch
 
 from training.errors import UserError
+from training.models.schedule import epoch_at_fraction
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,7 @@ class TwoPhase(L.Callback):
         if not hasattr(pl_module.head, "start_phase_two"):
             raise UserError(f"two_phase needs a two-phase head (head=moe), not {type(pl_module.head).__name__}")
         if self.switch_fraction is not None:
-            last = max(0, int(trainer.max_epochs) - 1)
-            self.switch_epoch = min(last, max(0, round(self.switch_fraction * trainer.max_epochs)))
+            self.switch_epoch = epoch_at_fraction(self.switch_fraction, trainer.max_epochs)
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= self.switch_epoch:
             raise UserError(
                 f"callbacks.two_phase.switch_epoch={self.switch_epoch} is not below trainer.max_epochs="
