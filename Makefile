@@ -43,11 +43,15 @@ SEEDS ?= 3
 comma := ,
 empty :=
 space := $(empty) $(empty)
-compare: setup ## Grid over losses x seeds, then a mean±std table: make compare TASK=task1 LOSSES="bce asl" SEEDS=3
+compare: setup ## Which run is really better (paired bootstrap, Holm): make compare RUNS="<run id> models:/cxrlt-task1@champion <grid tag> ..." [ARGS="--n-boot 20000"]; without RUNS, trains a grid of losses x seeds first: make compare TASK=task1 LOSSES="bce asl" SEEDS=3 [ARGS=debug=smoke]
+ifneq ($(strip $(RUNS)),)
+	$(PY) -m apps.compare $(foreach r,$(RUNS),'$(r)') $(ARGS)
+else
 	$(eval GRID := $(TASK)-$(shell date +%Y%m%d-%H%M%S))
 	$(PY) -m training.train -m task=$(TASK) loss=$(subst $(space),$(comma),$(strip $(LOSSES))) \
 		seed=$(shell seq -s, 0 $$(($(SEEDS)-1))) +tags.grid=$(GRID) trainer.enable_progress_bar=false $(ARGS)
 	$(PY) -m apps.compare --experiment $(TASK) --grid $(GRID) --by loss.name
+endif
 
 evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<run id> [ARGS="tta=multicrop"]
 	@test -n "$(RUN)" || { echo "usage: make evaluate RUN=<run id> [ARGS=...]"; exit 2; }
