@@ -3,6 +3,9 @@ hand from the rows in :data:`ROWS`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -161,3 +164,14 @@ def test_every_class_is_fed_but_infarction_and_docs_show_the_table():
     assert set(CXRLT_FINDINGS) - fed == {"Infarction"} and fed <= set(CXRLT_FINDINGS)
     assert markdown_table(CXRLT_FINDINGS) in (PROJECT_ROOT / "docs" / "data.md").read_text()
     assert np.isin(["hiatal hernia", "bullas", "pneumoperitoneo"], list(ROLLUP)).all()
+
+
+def test_make_data_check_on_the_table_alone_prints_the_report_and_passes(tmp_path):
+    root = write_table(tmp_path / "padchest")
+    done = subprocess.run([sys.executable, "-m", "training.data_check", "data=padchest", f"data.root={root}",
+                           f"data.source.out_dir={tmp_path}/m", "+task=task1"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "== PadChest table\n12 rows read, 7 in the manifest" in done.stdout
+    assert "line 13, ImageID 'i11': Labels does not parse" in done.stdout
+    assert "== files\nnot checked: table only" in done.stdout and "no errors" in done.stdout

@@ -91,8 +91,8 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
 
     per_split = table.groupby("split").agg(images=("image_id", "size"), patients=("patient_id", "nunique"))
     report.sections["images and patients per split"] = per_split.reindex(splits).to_string()
-    spread = table.groupby("patient_id")["split"].unique()
-    shared = spread[spread.map(len) > 1]
+    spread = table.groupby("patient_id")["split"].nunique()  # vectorised: a per-patient list takes 20 s at 67k
+    shared = table[table["patient_id"].isin(spread.index[spread > 1])].groupby("patient_id")["split"].unique()
     overlaps = [f"patient {p!r} in {sorted(s)}" for p, s in shared.items()]
     report.sections["patients shared between splits"] = "\n".join(overlaps[:20]) or (
         "none (patient-disjoint)"

@@ -16,6 +16,7 @@ from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_finger
 from training.data.dataset import ManifestDataset, view_indices
 from training.data.images import MAX_PIXELS
 from training.data.manifest import Manifest, load_manifest
+from training.data.normal_label import NORMAL, mask_unlabelled_normal, unlabelled_rows
 from training.data.sources import image_roots, manifest_vocabulary
 from training.data.transforms import build_transform, stream_seed
 from training.hardware import on_cuda, persistent_workers, pin_memory
@@ -177,6 +178,10 @@ class CXRDataModule(L.LightningDataModule):
             rows, targets, positions = rows.iloc[:limit], targets[:limit], positions[:limit]
         if len(rows) == 0:
             raise ValueError(f"{self.manifest.source_file}: split {split!r} is empty")
+        if split == "train" and NORMAL in self.labels:  # an all-zero row is no Normal label (docs/rules.md §12)
+            log.info("train split: %d rows without any positive label; their Normal target is not labelled",
+                     unlabelled_rows(targets))  # fmt: skip
+            targets = mask_unlabelled_normal(targets, self.labels)
         steps = self.train_augment if split == "train" else None
         views = None
         if self.views is not None:

@@ -137,7 +137,8 @@ class PadChestSummary:
     listing: pd.DataFrame | None = None  # line, ImageID, PatientID, reason, Labels of every unlabelled row
     listing_path: Path | None = None
 
-    def render(self) -> str:
+    def render(self, rows: int = 5) -> str:
+        """The counts, then the first ``rows`` unlabelled rows with their line and ImageID."""
         lines = [f"{self.rows} rows read, {self.kept} in the manifest"]
         lines += [f"  kept out, {reason}: {count}" for reason, count in self.kept_out.items()]
         lines.append(f"  empty label names ignored beside others: {self.empty_names}")
@@ -147,9 +148,9 @@ class PadChestSummary:
         if self.listing is not None and len(self.listing):
             unlabelled = self.listing[self.listing["reason"] != "empty name ignored"]
             lines += [f"  line {r.line}, ImageID {r.ImageID!r}: {r.reason} (Labels {r.Labels!r})"
-                      for r in unlabelled.head(5).itertuples()]  # fmt: skip
-            if len(unlabelled) > 5:
-                lines.append(f"  ... {len(unlabelled) - 5} more")
+                      for r in unlabelled.head(rows).itertuples()]  # fmt: skip
+            if 0 < rows < len(unlabelled):
+                lines.append(f"  ... {len(unlabelled) - rows} more unlabelled rows")
         if self.listing_path is not None:
             lines.append(f"  every unlabelled row and empty name, with its line and ImageID: {self.listing_path}")
         return "\n".join(lines)
@@ -299,7 +300,7 @@ class PadChestSource(AdapterSource):
         summary.kept, summary.suboptimal = len(table), int(suboptimal[keep].sum())
         self.summary = summary
         self.table_only = not self._has_images()
-        log.info("%s: %s", self.name, summary.render().replace("\n", "; "))
+        log.info("%s: %s", self.name, summary.render(rows=0).replace("\n ", ";"))
         if len(parsed.unparsed) or len(parsed.no_names):
             log.warning("%s: %d row(s) whose Labels do not parse and %d with no label name are unlabelled and kept out "
                         "of the manifest (listed in <manifest>-unlabelled.csv)", self.name, len(parsed.unparsed),
