@@ -38,7 +38,8 @@ class UserError(Exception):
 
     Subclasses: :class:`training.data.manifest.ManifestError`, :class:`training.data.adapters.base.AdapterError`,
     :class:`training.data.decode_errors.ImageDecodeError` (an image that cannot be decoded, or declares too large a
-    canvas), :class:`OverrideError`. Exceptions of other modules that mean the same (``PredictionsError``,
+    canvas), :class:`training.zeroshot.training_rule.TrainingRuleError` (a zero-shot run that breaks Task 2's
+    training rule), :class:`OverrideError`. Exceptions of other modules that mean the same (``PredictionsError``,
     ``SubmissionError``, ``UnsafeConfig``, ``ModelNotFound``) are declared by the entry points that can meet them.
     """
 

@@ -26,6 +26,7 @@ from training.tracking.run_context import record_context, start_system_metrics
 from training.tracking.session import TrackingSession, open_session, tracking_uri
 from training.tracking.uri import tracking_client
 from training.zeroshot.leak_guard import guard_unseen
+from training.zeroshot.training_rule import enforce_training_rule
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
     they are written into ``cfg.task.labels`` here, so the model built from ``cfg`` afterwards, the run's stored
     ``config.yaml`` and every later reload of the run (evaluate, register, serve, submit) have the same list.
     """
-    # A zero-shot task (task.unseen) trains on a manifest copy without the unseen label columns.
+    # A zero-shot task (task.unseen) trains on a manifest copy without the images and columns of its unseen findings.
     source = guard_unseen(instantiate(cfg.data.source), cfg.task.get("unseen"))
     labels = task_labels(cfg.task, source)
     if cfg.task.get("labels") is None:
@@ -138,6 +139,9 @@ def run_training(
     datamodule.prepare_data()
     datamodule.setup("fit")
     stage = build_component(cfg.stage)
+    # A zero-shot task: no train/val image of an unseen finding, no parent run that saw one (docs/rules.md §11).
+    enforce_training_rule(cfg.task.get("unseen"), datamodule, getattr(stage, "parent_run", None),
+                          lambda: tracking_client(tracking_uri(cfg)))  # fmt: skip
     sessions: list[TrackingSession] = []
 
     def open_run() -> dict:  # rank 0 only

@@ -71,7 +71,8 @@ def test_task2_reports_unseen_classes_overall_internal_and_external_with_cis(tas
     assert metrics["val/proxy_ood_mAP_best"] == pytest.approx(max(m.value for m in history))
     assert {f"val/proxy_ood/split{i}/mAP" for i in range(5)} <= set(metrics)
     assert tags["cxrlt.leak_guard.dropped_columns"] == ",".join(TASK2_LABELS)
-    assert "leak guard: dropped the unseen label columns" in outputs["semantic"]
+    assert "training rule (docs/rules.md §11): excluded" in outputs["semantic"]
+    assert int(tags["cxrlt.training_rule.excluded.train"]) > 0 and tags["cxrlt.training_rule.checked"] == "true"
     assert "Unseen classes (zero-shot)" in outputs["semantic"]
 
 

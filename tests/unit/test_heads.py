@@ -98,7 +98,7 @@ def test_two_stage_output_is_the_gate_times_the_class_probability():
     gate, classes = head.parts(x)
     probs = torch.sigmoid(head(x))
     torch.testing.assert_close(probs[:, [0, 2]], torch.sigmoid(gate) * torch.sigmoid(classes[:, [0, 2]]))
-    torch.testing.assert_close(probs[:, 1], 1 - torch.sigmoid(gate[:, 0]))  # Normal = not abnormal
+    torch.testing.assert_close(probs[:, 1], torch.sigmoid(classes[:, 1]))  # Normal: its own output, ungated
     # Stable far outside where the product could be formed in float32: compared with float64 arithmetic.
     g = torch.tensor([-60.0, 40.0, 40.0, 0.0, -5.0])
     c = torch.tensor([30.0, 40.0, -60.0, 0.0, 7.0])
@@ -143,9 +143,31 @@ def test_two_stage_class_logits_learn_from_abnormal_images_only_and_the_gate_is_
     loss = head.training_loss(torch.randn(4, 4), targets, torch.ones(4, 3, dtype=torch.bool), BCELoss())
     loss.backward()
     grad = seen["classes"].grad
-    assert torch.equal(grad[[1, 3]], torch.zeros(2, 3))  # normal images: no gradient into any class logit
-    assert (grad[[0, 2]][:, [0, 2]] != 0).all() and (grad[:, 1] == 0).all()  # Normal's own class logit is unused
+    assert torch.equal(grad[[1, 3]][:, [0, 2]], torch.zeros(2, 2))  # normal images: no gradient into a finding
+    assert (grad[[0, 2]][:, [0, 2]] != 0).all() and (grad[:, 1] != 0).all()  # Normal learns on every image
     assert head.gate.weight.grad.abs().sum() > 0
+
+
+def test_two_stage_normal_is_its_own_output_and_an_all_zero_row_teaches_it_nothing():
+    """docs/rules.md §12 by hand: zero weights, class biases (A, Normal, B) = (0, 1, -1), gate bias 0.5."""
+    head = TwoStageHead(2, 3, labels=["A", "Normal", "B"])
+    with torch.no_grad():
+        head.weight.zero_(), head.gate.weight.zero_()
+        head.bias.copy_(torch.tensor([0.0, 1.0, -1.0])), head.gate.bias.fill_(0.5)
+    # Row 0 has A, row 1 is labelled Normal, row 2 is all-zero: the data module made its Normal target -1.
+    targets = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, -1.0, 0.0]])
+    probs = torch.sigmoid(head(torch.zeros(3, 2)))
+    p_any = torch.sigmoid(torch.tensor(0.5))
+    torch.testing.assert_close(probs[:, 1], torch.full((3,), torch.sigmoid(torch.tensor(1.0)).item()))
+    assert (probs[:, 1] - (1 - p_any)).abs().min() > 0.3  # 0.731, not 1 - P(any finding) = 0.378
+    loss = head.training_loss(torch.zeros(3, 2), targets.clamp_min(0), targets >= 0, BCELoss())
+    sp = F.softplus
+    one = torch.tensor(1.0)
+    # Class entries kept: row 0 A (y=1, c=0), Normal (y=0, c=1), B (y=0, c=-1); row 1 Normal (y=1, c=1). Row 2: none.
+    class_loss = (sp(-0 * one) + sp(one) + sp(-one) + sp(-one)) / 4
+    # The gate learns "abnormal" on all three rows: each finding's 0 is a label, so row 2 is known to lack them.
+    gate_loss = (sp(-0.5 * one) + 2 * sp(0.5 * one)) / 3
+    torch.testing.assert_close(loss, class_loss + gate_loss)
 
 
 def test_build_head_hands_the_labels_only_to_heads_that_take_them():

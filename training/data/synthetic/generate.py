@@ -167,6 +167,7 @@ def generate(
         "centre_b_fraction": cfg.centre_b_fraction,
         "ap_rate": cfg.ap_rate,
         "images_per_patient": list(cfg.images_per_patient),
+        "unlabelled_rate": cfg.unlabelled_rate,
     }
     manifest = out_dir / "manifest.csv"
     if not force and _up_to_date(out_dir, params):
@@ -204,6 +205,8 @@ def generate(
             "false_positive_min_prevalence": cfg.fp_min_prevalence,
             "realised": sample.noise,
         },
+        # Train rows without any finding whose Normal is not given either: all-zero, unlabelled (docs/rules.md §12).
+        "unlabelled_normal": {"applied_to": ["train"], "rate": cfg.unlabelled_rate, "rows": sample.noise["unlabelled"]},
         "workers": workers,
         "seconds": round(elapsed, 2),
         "images": n,

@@ -10,7 +10,11 @@ Labels are sampled before anything is drawn, from a small generative model loose
 * the rarest classes get exact per-split quotas (see :func:`quota`), so every finding has at least
   ``min_positives_per_split`` positives in train, val *and* test while the very rare ones stay under 0.1 % of train;
 * weak label noise (missed positives, a few false positives) is applied to the train split only, after which
-  ``Normal`` is recomputed so it stays exclusive.
+  ``Normal`` is recomputed so it stays exclusive;
+* ``Normal`` is a label of its own (docs/rules.md §12): positive on an image with none of the 36 findings, so an
+  image whose only findings are Task 2's unseen ones is *not* normal, and its Task 1 row is all zero. On the train
+  split a share ``unlabelled_rate`` of the finding-free images also carries no ``Normal`` label (an all-zero row:
+  a report that gave no label, which the overview warns is not a confirmed normal). Validation and test stay clean.
 
 Images are always drawn from the clean labels; the manifest carries the noisy train labels.
 """
@@ -116,6 +120,8 @@ class LabelConfig:
         images_per_patient: probabilities of a patient having 1, 2, 3 ... images.
         centre_b_fraction: share of patients imaged at centre_b, per split (test is balanced on purpose).
         ap_rate: share of AP views per centre, before the support-device (ICU) bump ``ap_if_devices``.
+        unlabelled_rate: share of the train split's finding-free images written with ``Normal`` 0 too (all-zero,
+            unlabelled rows); drawn from its own generator, so images and the other labels do not move with it.
     """
 
     n_train: int = 6000
@@ -129,6 +135,7 @@ class LabelConfig:
     centre_b_fraction: dict = field(default_factory=lambda: {"train": 0.15, "val": 0.15, "test": 0.5})
     ap_rate: dict = field(default_factory=lambda: {"centre_a": 0.12, "centre_b": 0.45})
     ap_if_devices: float = 0.3
+    unlabelled_rate: float = 0.2
 
     def split_sizes(self) -> dict[str, int]:
         return {"train": self.n_train, "val": self.n_val, "test": self.n_test}
@@ -233,10 +240,16 @@ def _apply_implications(labels: np.ndarray, rng, rows: np.ndarray, quota_classes
                 labels[rows[add], INDEX[child]] = 1
 
 
+FINDING_INDEX = [INDEX[n] for n in FINDINGS if n != NORMAL]  # every finding, Task 2's unseen six included
+
+
 def _recompute_normal(labels: np.ndarray) -> None:
-    """``Normal`` = 1 exactly when no other Task-1 finding is positive (in place, ``(N, C)``)."""
-    others = [INDEX[n] for n in TASK1_LABELS if n != NORMAL]
-    labels[:, INDEX[NORMAL]] = (labels[:, others].sum(axis=1) == 0).astype(np.uint8)
+    """``Normal`` = 1 exactly when none of the 36 findings is positive (in place, ``(N, C)``).
+
+    Not "no Task 1 finding": an image with only an unseen finding (a scoliosis) is abnormal, and calling it normal
+    would teach Task 1's ``Normal`` the very confusion the overview warns about.
+    """
+    labels[:, INDEX[NORMAL]] = (labels[:, FINDING_INDEX].sum(axis=1) == 0).astype(np.uint8)
 
 
 def sample_labels(cfg: LabelConfig, seed: int) -> LabelSample:
@@ -339,12 +352,29 @@ def sample_labels(cfg: LabelConfig, seed: int) -> LabelSample:
     view = np.where(rng.random(n) < ap_p, "AP", "PA")
 
     noisy, noise = _add_noise(clean, rng, split_rows["train"], cfg)
+    noise["unlabelled"] = _unlabel_normals(
+        noisy, split_rows["train"], cfg.unlabelled_rate, cfg.min_positives_per_split, seed
+    )
     return LabelSample(split, patient, visit, age, female, source, view, clean, noisy, noise)
+
+
+def _unlabel_normals(labels: np.ndarray, train_rows: np.ndarray, rate: float, min_positives: int, seed: int) -> int:
+    """Clear ``Normal`` on a share ``rate`` of the train split's Normal rows (in place); returns how many.
+
+    The rows become all-zero: unlabelled, not negative for Normal, which is how training reads them
+    (docs/rules.md §12). The draw has its own generator so that it moves nothing else of the sample, and it keeps
+    ``min_positives`` labelled Normal images, like every other class.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 12]))
+    normal = train_rows[labels[train_rows, INDEX[NORMAL]] == 1]
+    chosen = normal[rng.random(len(normal)) < rate][: max(0, len(normal) - min_positives)]
+    labels[chosen, INDEX[NORMAL]] = 0
+    return int(len(chosen))
 
 
 def _ensure_normals(labels, rng, split_rows, min_positives, quota_classes) -> None:
     """Guarantee ``min_positives`` Normal images per split (only binds for tiny splits)."""
-    task1 = [INDEX[n] for n in TASK1_LABELS if n != NORMAL]
+    task1 = FINDING_INDEX
     quota_idx = [INDEX[n] for n in quota_classes]
     for rows in split_rows.values():
         short = min_positives - int(labels[rows, INDEX[NORMAL]].sum())

@@ -7,9 +7,12 @@ findings are far less rare. The output probability is the product
 
     p_k = sigmoid(g) * sigmoid(c_k),
 
-returned as its logit so that every loss, metric and calibration step downstream keeps working on logits. The
-``Normal`` column, when the label set has one, means "no finding", i.e. not abnormal:
-``p_Normal = 1 - sigmoid(g) = sigmoid(-g)``, so its logit is exactly ``-g`` and its own class logit is unused.
+returned as its logit so that every loss, metric and calibration step downstream keeps working on logits.
+
+The ``Normal`` column, when the label set has one, is a label of its own (docs/rules.md §12): its output is its
+own class logit, ungated, trained on the ``Normal`` label wherever that is known. It is *not* ``1 - sigmoid(g)``:
+"no listed finding" and "called normal" differ (an image may show a finding outside the list, and an all-zero
+row is unlabelled, not a confirmed normal), so tying the two would teach the gate a label nobody gave.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class TwoStageHead(nn.Module):
         in_features: backbone feature size ``F``.
         num_labels: output classes ``C``.
         labels: the label names (passed by :func:`training.models.heads.build_head`); used to find ``normal_label``.
-        normal_label: the "no finding" label, excluded from the gate target and answered by the gate alone.
+        normal_label: the ``Normal`` label: not a finding of the gate, answered by its own ungated logit.
         gate_weight: weight of the gate's binary cross-entropy beside the class loss.
     """
 
@@ -75,7 +78,7 @@ class TwoStageHead(nn.Module):
         return self.gate(features), F.linear(features, self.weight, self.bias)
 
     def combine(self, gate: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.findings, product_logit(gate, classes), -gate)
+        return torch.where(self.findings, product_logit(gate, classes), classes)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.combine(*self.parts(features))
@@ -94,14 +97,15 @@ class TwoStageHead(nn.Module):
         return abnormal, known
 
     def training_loss(self, features, targets, mask, loss) -> torch.Tensor:
-        """The configured loss on the class logits over abnormal images, plus the gate's weighted BCE.
+        """The configured loss on the class logits, plus the gate's weighted BCE.
 
-        Normal images are masked out of the class loss: for them P(finding | abnormal) is undefined, and teaching
-        ``c`` that they are negatives would just re-learn the gate inside every class.
+        A finding's logit learns on abnormal images only: for the others P(finding | abnormal) is undefined, and
+        teaching ``c`` that they are negatives would just re-learn the gate inside every class. ``Normal``'s logit
+        learns on every image whose ``Normal`` label is known (``mask``: the data module masks all-zero rows).
         """
         gate, classes = self.parts(features)
         abnormal, known = self.gate_target(targets, mask)
         gate_bce = F.binary_cross_entropy_with_logits(gate.squeeze(1), abnormal.to(gate.dtype), reduction="none")
         gate_loss = (gate_bce * known).sum() / known.sum().clamp_min(1)
-        class_loss = loss(classes, targets, mask & abnormal[:, None] & self.findings)
+        class_loss = loss(classes, targets, mask & ((abnormal[:, None] & self.findings) | ~self.findings))
         return class_loss + self.gate_weight * gate_loss
