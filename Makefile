@@ -41,6 +41,7 @@ crt: setup ## Classifier re-training on a finished run's frozen backbone: make c
 LOSSES ?= bce asl ldam db
 SEEDS ?= 3
 comma := ,
+space := $(eval) $(eval)
 empty :=
 space := $(empty) $(empty)
 compare: setup ## Which run is really better (paired bootstrap, Holm): make compare RUNS="<run id> models:/cxrlt-task1@champion <grid tag> ..." [ARGS="--n-boot 20000"]; without RUNS, trains a grid of losses x seeds first: make compare TASK=task1 LOSSES="bce asl" SEEDS=3 [ARGS=debug=smoke]
@@ -65,9 +66,14 @@ score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFE
 TRIALS ?= 20
 SEARCH ?= default
 PRUNER ?= median
-tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=task1 TRIALS=20 [SEARCH=default] [PRUNER=median|hyperband|aggressive|none] [STORAGE=<rdb url>] [STUDY=<name>] [ARGS=...]
+# OBJECTIVES="a b" -> tune.objectives=["a","b"], in a study of its own unless STUDY is given: <task>-<search>-pareto
+OBJECTIVE_LIST = [$(subst $(space),$(comma),$(patsubst %,"%",$(strip $(OBJECTIVES))))]
+comma := ,
+space := $(eval) $(eval)
+tune: setup ## Optuna study, each trial a nested tracked run: make tune TASK=task1 TRIALS=20 [SEARCH=default] [PRUNER=median|hyperband|aggressive|none] [STORAGE=<rdb url>] [STUDY=<name>] [OBJECTIVES="val/mAP val/group/rare/mAP"] [ARGS=...]
 	$(PY) -m training.tune task=$(TASK) tune.trials=$(TRIALS) hparams_search=$(SEARCH) pruner=$(PRUNER) \
-		$(if $(STORAGE),'tune.storage="$(STORAGE)"') $(if $(STUDY),'tune.study="$(STUDY)"') $(ARGS)
+		$(if $(STORAGE),'tune.storage="$(STORAGE)"') $(if $(STUDY),'tune.study="$(STUDY)"') \
+		$(if $(strip $(OBJECTIVES)),'tune.objectives=$(OBJECTIVE_LIST)' $(if $(STUDY),,'tune.study="$(TASK)-$(SEARCH)-pareto"')) $(ARGS)
 
 DASHBOARD_PORT ?= 8080
 optuna-dashboard: setup ## Optuna's dashboard on the study storage, http://127.0.0.1:8080: make optuna-dashboard [STORAGE=<rdb url>] [DASHBOARD_PORT=8080]

@@ -11,6 +11,12 @@ A complete trial's run is FINISHED (tested, checkpoint stored). A pruned trial's
 FINISHED, because the platform's contract is that a FINISHED run is complete (tested, with a best checkpoint);
 ``make register`` therefore never picks a pruned trial. Its working checkpoints are deleted, since a pruned
 trial is not meant to be resumed. A failed trial's run is FAILED.
+
+Several objectives (``tune.objectives``, :mod:`training.tuning.objectives`). The checkpoint is kept by the first
+objective, and every objective is read at that kept epoch, so a trial's point on the Pareto front is one model's
+(the one ``make register`` would register), not the best epoch of each metric pieced together. The objectives
+other than the first are logged on the run as ``<metric>_best`` beside the pipeline's ``<first>_best``. Optuna
+cannot prune a multi-objective trial (``Trial.report`` is single-objective only), so no pruning callback runs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from training.tracking.redaction import redact_text
 from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
+from training.tuning.objectives import Goal
 from training.tuning.space import SearchSpace, to_overrides
 
 log = logging.getLogger(__name__)
@@ -65,20 +72,36 @@ class TrialRecorder(L.Callback):
     killed can be traced to (and closed in) MLflow later.
     """
 
-    def __init__(self, trial: optuna.Trial, metric: str):
+    def __init__(self, trial: optuna.Trial, metric: str, others: Sequence[str] = ()):
         self.trial = trial
         self.metric = metric
+        self.others = tuple(others)
         self.run_id: str | None = None
         self.values: dict[int, float] = {}
+        self.other_values: dict[int, dict[str, float]] = {}  # epoch -> the other objectives' values
+        self.logged: set[str] = set()  # every validation key seen, to name what a missing objective could be
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run_id = trainer.logger.run_id
         self.trial.set_user_attr(RUN_ATTR, self.run_id)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        value = trainer.callback_metrics.get(self.metric)
-        if not trainer.sanity_checking and value is not None:
+        if trainer.sanity_checking:
+            return
+        metrics = trainer.callback_metrics
+        self.logged.update(key for key in metrics if key.startswith("val/"))
+        value = metrics.get(self.metric)
+        if value is not None:
             self.values[pl_module.current_epoch] = float(value)
+        others = {key: float(metrics[key]) for key in self.others if key in metrics}
+        if others:
+            self.other_values[pl_module.current_epoch] = others
+
+    def kept_epoch(self, direction: str) -> int | None:
+        """The epoch whose checkpoint is kept: the first with the best value (Lightning keeps a later epoch only
+        when it is strictly better), or None when the metric was never logged."""
+        best = BEST[direction](self.values.values(), default=None)
+        return None if best is None else min(e for e, v in self.values.items() if v == best)
 
 
 def trial_status(error: BaseException) -> str:
@@ -127,11 +150,17 @@ class Objective:
         worker: this worker's number (``tune.worker``), recorded on every trial run.
         admits: ``(study, trial number) -> bool``, asked before anything else (the study's
             :meth:`~training.tuning.study.TrialBudget.admits`); a trial it refuses ends PRUNED, marked surplus.
+        goals: a multi-objective study's objectives (``metric`` and ``direction`` are then its first); the trial
+            returns one value per goal, read at the kept epoch (module docstring), and is never pruned.
     """
 
     def __init__(self, compose: Callable[[list[str]], DictConfig], overrides: Sequence[str], space: SearchSpace,
                  metric: str, direction: str, parent_run_id: str, study_name: str, worker: int = 0,
-                 admits: Callable[[optuna.Study, int], bool] | None = None):  # fmt: skip
+                 admits: Callable[[optuna.Study, int], bool] | None = None,
+                 goals: Sequence[Goal] | None = None):  # fmt: skip
+        self.goals = tuple(goals) if goals else None
+        if self.goals:
+            metric, direction = self.goals[0].metric, self.goals[0].direction
         self.compose = compose
         self.overrides = list(overrides)
         self.space = space
@@ -142,7 +171,7 @@ class Objective:
         self.worker = worker
         self.admits = admits
 
-    def __call__(self, trial: optuna.Trial) -> float:
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
         if self.admits is not None and not self.admits(trial.study, trial.number):
             trial.set_user_attr(SURPLUS_ATTR, True)
             log.info("trial %d: the study's trials are all taken by other workers; not training it", trial.number)
@@ -150,13 +179,14 @@ class Objective:
         values = self.space.sample(trial)
         composed = self.compose(merge_overrides(self.overrides, to_overrides(values)))
         cfg = train_config(composed, self.metric, self.direction, f"{composed.run_name}-t{trial.number}")
-        recorder = TrialRecorder(trial, self.metric)
-        pruning = PyTorchLightningPruningCallback(trial, monitor=self.metric)
+        recorder = TrialRecorder(trial, self.metric, [g.metric for g in self.goals[1:]] if self.goals else ())
+        # Optuna prunes single-objective trials only (Trial.report refuses a multi-objective one)
+        pruning = [] if self.goals else [PyTorchLightningPruningCallback(trial, monitor=self.metric)]
         tags = {"mlflow.parentRunId": self.parent_run_id, STUDY_TAG: self.study_name, TRIAL_TAG: str(trial.number),
                 STATE_TAG: "RUNNING", WORKER_TAG: str(self.worker), "optuna.params": json.dumps(values, default=str)[:5000]}  # fmt: skip
         log.info("trial %d: %s", trial.number, values)
         try:
-            run_training(cfg, callbacks=[recorder, pruning], extra_tags=tags, status_on_error=trial_status)
+            run_training(cfg, callbacks=[recorder, *pruning], extra_tags=tags, status_on_error=trial_status)
         except optuna.TrialPruned:
             # the recorder runs before the pruning callback, so it holds the epoch that was pruned
             self._close(cfg, recorder, "PRUNED", {"optuna.pruned_epoch": str(max(recorder.values, default=-1))})
@@ -165,10 +195,32 @@ class Objective:
         except BaseException as error:
             self._close(cfg, recorder, "FAIL", {"optuna.error": redact_text(repr(error))[:1000]})
             raise
+        if self.goals:
+            return self._values(cfg, recorder)
         value = BEST[self.direction](recorder.values.values()) if recorder.values else math.nan
         # Optuna records a NaN objective (a diverged run) as FAIL; the run's tag says the same.
         self._close(cfg, recorder, "COMPLETE" if math.isfinite(value) else "FAIL", {"optuna.value": repr(value)})
         return value
+
+    def _values(self, cfg: DictConfig, recorder: TrialRecorder) -> tuple[float, ...]:
+        """Every goal's value at the kept epoch; a goal the validation never logged there fails the trial (NaN),
+        its run tagged with what the validation did log."""
+        epoch = recorder.kept_epoch(self.direction)
+        at_epoch = {self.metric: recorder.values.get(epoch, math.nan), **recorder.other_values.get(epoch, {})}
+        values = tuple(float(at_epoch.get(g.metric, math.nan)) for g in self.goals)
+        missing = [g.metric for g, v in zip(self.goals, values, strict=True) if not math.isfinite(v)]
+        if missing:
+            message = (f"objective(s) {', '.join(missing)} not logged (or not finite) at the kept epoch {epoch}; this "
+                       f"training's validation logged {', '.join(sorted(recorder.logged)) or 'nothing'}")  # fmt: skip
+            log.warning("trial %d failed: %s", recorder.trial.number, message)
+            self._close(cfg, recorder, "FAIL", {"optuna.error": message[:1000]})
+            return tuple(math.nan for _ in self.goals)
+        client = tracking_client(tracking_uri(cfg))
+        TrackedRun(client, recorder.run_id).log_metrics({f"{g.metric}_best": v for g, v in
+                                                        zip(self.goals[1:], values[1:], strict=True)})  # fmt: skip
+        self._close(cfg, recorder, "COMPLETE", {"optuna.values": json.dumps(dict(zip([g.metric for g in self.goals],
+                                                                                     values, strict=True)))})  # fmt: skip
+        return values
 
     def _close(self, cfg: DictConfig, recorder: TrialRecorder, state: str, tags: dict[str, str]) -> None:
         """Tag the trial's run with its final Optuna state (the pipeline already set the MLflow status).

@@ -19,6 +19,8 @@ import optuna
 from optuna import visualization
 from plotly.offline import get_plotlyjs
 
+from training.tuning.objectives import OBJECTIVES_ATTR
+
 log = logging.getLogger(__name__)
 
 #: Section id -> (title, Optuna plot). Importance needs two complete trials with a varying parameter, intermediate
@@ -31,7 +33,16 @@ PLOTS: dict[str, tuple[str, Callable[[optuna.Study], object]]] = {
         "Intermediate values (per epoch, as the pruner saw them)",
         visualization.plot_intermediate_values,
     ),
+    # A multi-objective study's front (two or three objectives; Optuna refuses more, and a single-objective study)
+    "pareto_front": ("Pareto front", lambda study: visualization.plot_pareto_front(study, target_names=_names(study))),
 }
+
+
+def _names(study: optuna.Study) -> list[str] | None:
+    held = study.user_attrs.get(OBJECTIVES_ATTR)
+    return [metric for metric, _ in held] if held else None
+
+
 STYLE = "body{font-family:system-ui,sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}"
 
 

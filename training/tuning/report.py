@@ -70,7 +70,7 @@ class StudyState:
 
     @classmethod
     def read(cls, study: optuna.Study) -> StudyState:
-        return cls(tuple(study.get_trials(deepcopy=False)), study.direction)
+        return cls(tuple(study.get_trials(deepcopy=False)), study.directions[0])  # a multi-objective study: counts only
 
     def counts(self, zeros: bool = False) -> dict[str, int]:
         """Trials per state (``SURPLUS`` for a trial that lost the race for the last slot: it never trained)."""
@@ -158,11 +158,16 @@ def log_best(study: optuna.Study, client: MlflowClient, run_id: str, metric: str
     state = StudyState.read(study)
     held = {(m.key, m.step) for key in (f"best/{metric}", "best/trial") for m in client.get_metric_history(run_id, key)}
     points = [m for m in state.history(metric) if (m.key, m.step) not in held]
+    send_metrics(client, run_id, points + count_metrics(state))
+    return _sync_best_tags(study, state, client, run_id)
+
+
+def count_metrics(state: StudyState) -> list[Metric]:
+    """``study/n_<state>`` (zeros included) and ``study/n_trials``, stamped and stepped as the module says."""
     stamp, step = state.latest_event_ms, len(state.finished)
     counts = {f"study/n_{name.lower()}": n for name, n in state.counts(zeros=True).items()}
     counts["study/n_trials"] = sum(not is_surplus(t) for t in state.trials)
-    send_metrics(client, run_id, points + [Metric(key, float(n), stamp, step) for key, n in counts.items()])
-    return _sync_best_tags(study, state, client, run_id)
+    return [Metric(key, float(n), stamp, step) for key, n in counts.items()]
 
 
 def _sync_best_tags(study: optuna.Study, state: StudyState, client: MlflowClient, run_id: str) -> StudyState:

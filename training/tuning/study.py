@@ -26,10 +26,15 @@ the engine checks pooled connections before use, so a database restart does not 
 Parent run. Exactly one per study: the worker whose ``create_study`` inserted the study creates it and stores
 its id in the study's user attributes; the others (``DuplicatedStudyError``, i.e. what ``load_if_exists`` does)
 wait for that id. This is ``load_if_exists=True`` unrolled, so the one creator is known.
+
+Several objectives (``tune.objectives``): ``create_study(directions=...)``, the metrics kept in the study's user
+attributes so that resuming with other objectives is refused, and no pruner, since Optuna prunes single-objective
+trials only; a pruner the config asks for is replaced by ``NopPruner`` with a warning saying so.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -47,6 +52,7 @@ from training.tracking.session import git_commit, tracking_uri
 from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import tracking_client
 from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
+from training.tuning.objectives import OBJECTIVES_ATTR, Goal, ObjectiveError, goals_from_config
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,7 @@ ENGINE_KWARGS = {
     "postgresql": {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
 }
 STORAGE_ATTEMPTS = 5
+NO_PRUNING = "none (multi-objective: Optuna prunes single-objective trials only)"
 
 
 def storage_url(url: str) -> str:
@@ -126,19 +133,50 @@ def open_study(cfg: DictConfig, storage: optuna.storages.BaseStorage) -> tuple[o
     moment (same trial count) draw different ones as long as each has its own ``tune.worker``.
     """
     name = str(cfg.tune.study)
-    pruner = instantiate(cfg.pruner, _convert_="all")
+    goals = study_goals(cfg)
+    pruner = instantiate(cfg.pruner, _convert_="all") if goals is None else _no_pruner(cfg)
     args = dict(storage=storage, study_name=name, pruner=pruner)
+    wanted = [[g.metric, g.direction] for g in goals] if goals else None
     try:
-        study = optuna.create_study(**args, direction=cfg.tune.direction, sampler=_sampler(cfg, 0))
+        if goals is None:
+            study = optuna.create_study(**args, direction=cfg.tune.direction, sampler=_sampler(cfg, 0))
+        else:
+            study = optuna.create_study(**args, directions=[g.direction for g in goals], sampler=_sampler(cfg, 0))
+            study.set_user_attr(OBJECTIVES_ATTR, wanted)
         created = True
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**args)
         created = False
-        if study.direction.name.lower() != str(cfg.tune.direction):
+        held = study.user_attrs.get(OBJECTIVES_ATTR)
+        if goals is not None or held is not None or len(study.directions) > 1:
+            # the creator sets the attribute just after creating: a study a moment old may not hold it yet
+            directions = [d.name.lower() for d in study.directions]
+            if held != wanted and not (held is None and wanted and directions == [d for _, d in wanted]):
+                found = f"objectives {held}" if held else f"a single objective ({directions[0]})"
+                raise ObjectiveError(f"study {name!r} exists with {found}, not {wanted or 'a single objective'}; "
+                                     "choose another tune.study (make tune STUDY=<name>)") from None  # fmt: skip
+        elif study.direction.name.lower() != str(cfg.tune.direction):
             raise ValueError(f"study {name!r} exists with direction {study.direction.name.lower()}, "
                              f"not {cfg.tune.direction}; choose another tune.study") from None  # fmt: skip
         study.sampler = _sampler(cfg, len(study.get_trials(deepcopy=False)))
     return study, created
+
+
+def study_goals(cfg: DictConfig) -> tuple[Goal, ...] | None:
+    """The objectives of a multi-objective study (``tune.objectives``), or None for a single-objective one."""
+    objectives = cfg.tune.get("objectives")
+    return goals_from_config(list(objectives) if objectives is not None and not isinstance(objectives, str)
+                             else objectives)  # fmt: skip
+
+
+def _no_pruner(cfg: DictConfig) -> optuna.pruners.BasePruner:
+    """``NopPruner``, saying so when the config asked for a real pruner (``PRUNER=median`` is the default)."""
+    asked = str(cfg.pruner.get("_target_", ""))
+    if not asked.endswith("NopPruner"):
+        log.warning("pruner %s is not used: Optuna cannot prune a multi-objective trial (Trial.report and "
+                    "should_prune are single-objective only), so every trial trains all trainer.max_epochs epochs; "
+                    "make tune PRUNER=none says the same without this warning", asked.rsplit(".", 1)[-1])  # fmt: skip
+    return optuna.pruners.NopPruner()
 
 
 def _sampler(cfg: DictConfig, existing: int) -> optuna.samplers.BaseSampler:
@@ -175,7 +213,12 @@ def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client:
         run = TrackedRun.start(client, experiment_id(client, cfg), f"study-{study.study_name}", tags)
         run_id = run.run_id
         study.set_user_attr(PARENT_ATTR, run_id)
-        settings = {k: cfg.tune[k] for k in ("metric", "direction", "seed")}
+        goals = study.user_attrs.get(OBJECTIVES_ATTR)
+        if goals:
+            run.set_tags({OBJECTIVES_ATTR: json.dumps(goals), "optuna.pruner": NO_PRUNING})
+            settings = {"objectives": goals, "seed": cfg.tune.seed, "pruner_used": NO_PRUNING}
+        else:
+            settings = {k: cfg.tune[k] for k in ("metric", "direction", "seed")}
         run.log_text(OmegaConf.to_yaml({**settings, "search": cfg.hparams_search, "pruner": cfg.pruner,
                                         "sampler": cfg.tune.sampler}, resolve=True), "study.yaml")  # fmt: skip
         log.info("study %s: parent run %s", study.study_name, run_id)
