@@ -38,8 +38,8 @@ from evaluation.bootstrap import resample_indices
 from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.predictions import PredictionsError, align_predictions, read_predictions
 from evaluation.report import chain_rule, headline_rows, ranking_chain
+from evaluation.scopes import unseen_scopes
 from evaluation.suite import compute_suite
-from evaluation.unseen import unseen_scopes
 from training.config_files import CONFIGS
 from training.data.adapters.rocov2 import find_table, read_concept_names
 from training.errors import UserError, user_errors

@@ -106,19 +106,21 @@ def _manifest_truth(path: Path, labels: list[str], split: str, data: str | None)
     return Truth(rows, sources, internal_source(sources, data), f"{path} [{split}]")
 
 
-def _release_tables(path: Path, source: dict) -> dict[str | None, Path]:
-    """``{release split or None: table path}``: the file itself, or the folder's table(s) as the config names them."""
+def _release_tables(path: Path, source: dict, names: dict[str, str]) -> dict[str | None, Path]:
+    """``{release split or None: table path}``: the file itself; in a folder the config's ``table`` (one table, or
+    one per split), else one ``<release split>_labels.csv`` per split (the config's one-table-per-split layout)."""
     if path.is_file():
         return {None: path}
     table = source.get("table")
     tables = table if isinstance(table, dict) else {None: table}
-    out = {}
-    for split, name in tables.items():
-        file = path / str(name)
-        if not file.is_file():
-            raise TruthError(f"{path}: no {name} (the release's label table named by configs/data's source.table)")
-        out[split] = file
-    return out
+    if all((path / str(name)).is_file() for name in tables.values()):
+        return {split: path / str(name) for split, name in tables.items()}
+    per_split = {f.name[: -len("_labels.csv")]: f for f in sorted(path.glob("*_labels.csv"))}
+    per_split = {split: file for split, file in per_split.items() if split_key(split) in names}
+    if not per_split:
+        raise TruthError(f"{path}: no {sorted(map(str, tables.values()))} and no <split>_labels.csv (the release's "
+                         "label table(s), configs/data's source.table)")  # fmt: skip
+    return per_split
 
 
 def _release_truth(path: Path, labels: list[str], split: str, data: str) -> Truth:
@@ -128,7 +130,7 @@ def _release_truth(path: Path, labels: list[str], split: str, data: str) -> Trut
     external = {split_key(s) for s in source.get("external_splits") or ()}
     inside, outside = source.get("source_label", "padchest"), source.get("external_source", "nih")
     frames = []
-    for given, file in _release_tables(path, source).items():
+    for given, file in _release_tables(path, source, names).items():
         table = pd.read_csv(file, dtype=str, keep_default_na=False)
         if id_column not in table:
             raise TruthError(f"{file}: line 1: no id column {id_column!r} (columns: {list(table.columns)[:8]}); "

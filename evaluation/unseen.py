@@ -39,6 +39,7 @@ from evaluation.metric_registry import UNSEEN_SCOPES, UNSEEN_SETS
 from evaluation.metrics import prevalence_baseline_map
 from evaluation.perturbed_split import predict_perturbed
 from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
+from evaluation.scopes import unseen_scopes
 from evaluation.suite import compute_suite
 from evaluation.tta import TTAPredictor
 
@@ -106,23 +107,6 @@ class UnseenReport:
 
 def _macros(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.split("_ci_")[0] in MACROS and np.isfinite(v)}
-
-
-def unseen_scopes(sources: np.ndarray | None, internal: str | None) -> dict[str, np.ndarray]:
-    """Scope name (``pooled``, ``internal``, ``external``, ``source/<name>``) -> row indices of the test set.
-
-    With one source or none there is only the pooled test; the internal/external pair needs a configured internal
-    source that is among the test rows (the others together are the external test).
-    """
-    if sources is None or len(set(sources)) < 2:
-        return {}
-    scopes = {"pooled": np.arange(len(sources))}
-    if internal is not None and internal in set(sources):
-        scopes["internal"] = np.flatnonzero(sources == internal)
-        scopes["external"] = np.flatnonzero(sources != internal)
-    for name in sorted(set(sources)):
-        scopes[f"source/{name}"] = np.flatnonzero(sources == name)
-    return scopes
 
 
 def scoped_metrics(prefix: str, targets: np.ndarray, scores: np.ndarray, sources: np.ndarray | None,

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from mlflow import MlflowClient
+from sklearn.metrics import average_precision_score
 
 from tests.benchmark_data import TINY_CLIP
 from tests.conftest import train_command
@@ -157,3 +158,34 @@ def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_co
     assert list(scores.columns) == [*TASK1_LABELS, *TASK2_LABELS]  # task2 trains on the Task 1 labels
     np.testing.assert_allclose(scores[list(TASK2_LABELS)].to_numpy()[0], reported.loc[row["image_id"]].to_numpy(),
                                atol=2e-5)  # fmt: skip
+
+
+def test_task2_analyses_are_in_the_run_the_report_and_the_terminal(task2_runs, tmp_path):
+    """TTA, perturbed and held-out figures of the unseen classes, each pooled / internal / external with CIs
+    (docs/zero-shot.md, "Task 2 analyses as the paper reports them")."""
+    tmp, client, runs, outputs = task2_runs
+    run = runs["semantic"]
+    metrics = run.data.metrics
+    for prefix in ("test_unseen_tta", "test_unseen_perturbed"):
+        for scope in ("", "/pooled", "/internal", "/external"):
+            low, value, high = (metrics[f"{prefix}{scope}/mAP{s}"] for s in ("_ci_low", "", "_ci_high"))
+            assert 0.0 <= low <= high <= 1.0 and 0.0 <= value <= 1.0, (prefix, scope, low, value, high)
+    for scope in ("", "/internal", "/external"):
+        change = metrics[f"test_unseen_perturbed{scope}/mAP"] - metrics[f"test_unseen{scope}/mAP"]
+        assert metrics[f"test_unseen_perturbed{scope}/delta/mAP"] == pytest.approx(change, abs=1e-9)
+    assert not any(k.startswith(("test_unseen_tta/", "test_unseen_perturbed/")) for k in runs["clip"].data.metrics)
+    # The held-out draw of the development split as released, scored on the unseen classes: recomputed here.
+    frame = pd.read_csv(client.download_artifacts(run.info.run_id, "predictions/heldout_unseen.csv", str(tmp_path)))
+    draw = json.loads(Path(client.download_artifacts(run.info.run_id, "evaluation/heldout_unseen.json",
+                                                     str(tmp_path))).read_text())  # fmt: skip
+    assert draw["split"] == "val" and draw["image_ids"] == list(frame["image_id"].astype(str))
+    assert metrics["heldout_unseen/n_images"] == len(frame) == min(200, draw["available"])
+    truth, probs = frame[[f"true/{n}" for n in TASK2_LABELS]].to_numpy(), frame[list(TASK2_LABELS)].to_numpy()
+    aps = [average_precision_score(truth[:, c], probs[:, c]) for c in range(len(TASK2_LABELS)) if truth[:, c].any()]
+    assert metrics["heldout_unseen/mAP"] == pytest.approx(np.mean(aps), abs=1e-6)
+    # Images positive for an unseen finding are out of training's validation split, not out of this evaluation.
+    assert truth.any(axis=1).sum() > 0 and "heldout_unseen/internal/mAP_ci_low" in metrics
+    report = Path(client.download_artifacts(run.info.run_id, "evaluation/report.md", str(tmp_path))).read_text()
+    assert "## Task 2: unseen classes (zero-shot)" in report and "| scope | test | test with TTA |" in report
+    assert "unseen mAP, test perturbed: pooled " in outputs["semantic"]
+    assert f"unseen mAP, held-out subset, {len(frame)} cases: " in outputs["semantic"]
