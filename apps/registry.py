@@ -306,9 +306,10 @@ def _requirements() -> list[str]:
 
 def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", experiment: str | None = None,
                   run_id: str | None = None, alias: str = ALIAS, full_evaluation: bool = True,
-                  include_debug: bool = False, val_set: str | None = None):  # fmt: skip
+                  include_debug: bool = False, val_set: str | None = None,
+                  require_significant: bool = False):  # fmt: skip
     """Rank the task's comparable runs, say how, register the best (or ``run_id``) and make it the ``alias``
-    holder."""
+    holder; with ``require_significant`` only if it beats the current holder significantly (apps/compare_gate.py)."""
     ranking = comparable(client, experiment or task, task, metric, include_debug, val_set)
     for line in ranking.lines():
         log.info("%s", line)
@@ -323,6 +324,10 @@ def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", expe
     best = next((c for c in ranking.ranked if c.run_id == run_id), None)
     reason = {"rank_metric": metric, "rank_value": best.value(metric) if best else "n/a",
               "candidates": len(ranking.ranked), "val_fingerprint": ranking.val_set if best else "n/a"}  # fmt: skip
+    if require_significant:
+        from apps.compare_gate import require_significant_gain  # the paired bootstrap; raises when not significant
+
+        log.info("%s", require_significant_gain(client, run_id, _alias_holder(client, model_name(task), alias), metric))
     return register_run(client, run_id, model_name(task), alias, reason, full_evaluation)
 
 
@@ -359,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--pareto-front", action="store_true", help="register the trial the documented rule picks "
                         "from the newest multi-objective study's Pareto front (training/tuning/front_choice.py)")  # fmt: skip
+    parser.add_argument("--require-significant", action="store_true", help="register only if the pick beats the "
+                        "current champion on the metric by a paired bootstrap, p < 0.05 (docs/compare.md)")  # fmt: skip
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -376,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.run = choose_from_front(client, args.experiment or args.task, metric, args.include_debug, log.info)
         version = register_best(client, args.task, metric, args.experiment, args.run, args.alias,
                                 full_evaluation=not args.no_full_evaluation, include_debug=args.include_debug,
-                                val_set=args.val_set)  # fmt: skip
+                                val_set=args.val_set, require_significant=args.require_significant)  # fmt: skip
     log.info("%s version %s (run %s) is now @%s: models:/%s@%s", version.name, version.version, version.run_id,
              args.alias, version.name, args.alias)  # fmt: skip
 

@@ -177,9 +177,10 @@ def higher_is_better(name: str) -> bool:
 
 def entry_replicates(targets: np.ndarray, probs_per_seed: Sequence[np.ndarray], labels: Sequence[str], *,
                      n_boot: int, seed: int, strata: np.ndarray | None = None, threshold: float = DEFAULT_THRESHOLD,
-                     per_class: str = "ap") -> dict[str, Replicates]:  # fmt: skip
-    """One entry's :class:`Replicates` of every ranking-chain macro and of ``per_class`` (key ``per_class``), over
-    the shared resamples ``(n_boot, seed, strata)`` of ``evaluation.suite.compute_suite``, one row per seed.
+                     per_class: str = "ap", macros: Sequence[str] | None = None) -> dict[str, Replicates]:  # fmt: skip
+    """One entry's :class:`Replicates` of every ranking-chain macro (or of ``macros``) and of ``per_class`` (key
+    ``per_class``), over the shared resamples ``(n_boot, seed, strata)`` of ``evaluation.suite.compute_suite``, one
+    row per seed.
 
     Every entry of a comparison must be given the same ``targets``, ``strata`` and resampling arguments: that is
     what makes the resamples the same images for every run.
@@ -187,7 +188,7 @@ def entry_replicates(targets: np.ndarray, probs_per_seed: Sequence[np.ndarray], 
     results = [compute_suite(targets, probs, labels, n_boot=n_boot, seed=seed, threshold=threshold, strata=strata)
                for probs in probs_per_seed]  # fmt: skip
     out = {}
-    for name in chain_names():
+    for name in chain_names() if macros is None else macros:
         key = SUITE.by_key(name).key
         out[name] = Replicates(np.array([float(macro(r.per_class[key][None])[0]) for r in results]),
                                np.stack([macro(r.replicates[key]) for r in results]))  # fmt: skip
