@@ -32,7 +32,7 @@ from training.tuning.study import (
     open_study,
     parent_run,
     start_wait,
-    study_goals,  # fmt: skip
+    study_goals,
 )
 
 log = logging.getLogger(__name__)
@@ -51,14 +51,13 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     budget = TrialBudget(target)
     objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name,
                           int(cfg.tune.worker), admits=budget.admits, goals=goals)  # fmt: skip
-    if goals:
 
-        def report(study, trial):
-            return log_front(study, client, parent)
-    else:
-
-        def report(study, trial):
-            return log_best(study, client, parent, metric)
+    def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """After each trial: the front of a multi-objective study, the best so far of a single-objective one."""
+        if goals:
+            log_front(study, client, parent)
+        else:
+            log_best(study, client, parent, metric)
 
     status = "FINISHED"
     try:

@@ -166,13 +166,16 @@ def tuned(tmp_path_factory):
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())
-    logging.getLogger("training").addHandler(handler)
+    logger, level = logging.getLogger("training"), logging.getLogger("training").level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
         study = tune.run_study(_config(tmp, 6), [], compose=None)
         yield {"tune": tune, "study": study, "client": MlflowClient(f"sqlite:///{tmp}/mlflow.db"), "tmp": tmp,
                "log": "\n".join(lines), "parent": study.user_attrs["mlflow_parent_run_id"]}  # fmt: skip
     finally:
-        logging.getLogger("training").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
         patch.undo()
 
 
