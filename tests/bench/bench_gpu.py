@@ -1,7 +1,7 @@
-"""GPU training throughput of the team-A network at 512 px: bf16 mixed precision versus float32, side by side.
+"""GPU training throughput of the Table 2 row A network at 512 px: bf16 mixed precision versus float32, side by side.
 
-The network is the one ``experiment=cxrlt2026_team_a`` trains (ConvNeXt-V2-Base, one input channel, the task's
-30 findings, distribution-balanced loss; random weights), built through the platform's own model factory, in
+The network is the one ``experiment=cxrlt2026_task1_a`` trains (ConvNeXt-V2-Base, one input channel, the task's
+30 findings, the distribution-balanced loss variant; random weights), built through the platform's own model factory, in
 channels-last layout as ``configs/gpu`` puts it on a GPU. Batches come from a real ``DataLoader`` with worker
 processes and pinned memory over uint8 images held in memory, read through the same ``ManifestDataset`` path and
 training transform as the memory-mapped preprocessing cache of ``make prepare ... SIZE=512``, so the loader does
@@ -38,9 +38,9 @@ from training.hardware import apply_speedups
 from training.models.factory import model_from_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-PRESET = "cxrlt2026_team_a"
+PRESET = "cxrlt2026_task1_a"
 #: The preset's settings, for a checkout without its file.
-FALLBACK = ["model=convnextv2_base", "loss=db", "data.image_size=512", "data.batch_size=32"]
+FALLBACK = ["model=convnextv2_base", "loss=db_en_margin", "data.image_size=512", "data.batch_size=32"]
 MODES = {"fp32": None, "bf16-mixed": torch.bfloat16}
 
 
@@ -56,7 +56,7 @@ def skip_reason() -> str | None:
 
 
 def preset_config(overrides: list[str]):
-    """The team-A preset as ``make train`` composes it (or its settings when the preset file is absent)."""
+    """The row-A preset as ``make train`` composes it (or its settings when the preset file is absent)."""
     preset = [f"experiment={PRESET}"] if (CONFIGS / "experiment" / f"{PRESET}.yaml").exists() else FALLBACK
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=[*preset, "model.pretrained=false", *overrides])
