@@ -22,6 +22,7 @@ sources, when exactly one does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,9 @@ class Truth:
     described: str
 
 
+@cache
 def data_config(name: str) -> dict:
-    """``configs/data/<name>.yaml`` as plain values, interpolations (``${data.root}``) left as text."""
+    """``configs/data/<name>.yaml`` as plain values, interpolations (``${data.root}``) left as text (read once)."""
     path = CONFIGS / "data" / f"{name}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in path.parent.glob("*.yaml"))
@@ -72,7 +74,8 @@ def internal_source(sources: np.ndarray | None, data: str | None) -> str | None:
     if data is not None:
         value = data_config(data).get("internal_source")
         return str(value) if value in present else None
-    named = {str(data_config(p.stem).get("internal_source")) for p in (CONFIGS / "data").glob("*.yaml")}
+    named = {str(value) for p in (CONFIGS / "data").glob("*.yaml")
+             if (value := data_config(p.stem).get("internal_source")) not in (None, "")}  # fmt: skip
     found = sorted(named & present)
     return found[0] if len(found) == 1 else None
 

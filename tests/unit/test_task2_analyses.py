@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from sklearn.metrics import average_precision_score
 
 from apps.score import score
-from apps.score_truth import TruthError, read_truth
+from apps.score_truth import TruthError, internal_source, read_truth
 from evaluation.report import summary_lines
 from evaluation.unseen import _heldout, analyses_table, perturbation_deltas, scoped_metrics
 from tests.cxrlt2026_release import release_config, write_release
@@ -208,3 +208,11 @@ def test_a_bad_release_table_is_named_by_file_line_and_column(release, tmp_path,
     table.to_csv(path, index=False)
     with pytest.raises(TruthError, match=f"{path}: {message}" if "line" in message else message):
         read_truth(path, list(TASK2_LABELS), "test")
+
+
+def test_the_internal_source_is_a_data_configs_definition_never_the_larger_centre():
+    many_nih = np.array(["nih"] * 5 + ["padchest"])
+    assert internal_source(many_nih, None) == "padchest"  # configs/data/cxrlt2026.yaml names it
+    assert internal_source(np.array(["centre_b", "centre_a"]), None) == "centre_a"  # configs/data/synthetic.yaml
+    assert internal_source(np.array(["x", "y"]), None) is None  # no config names either
+    assert internal_source(many_nih, "synthetic") is None  # DATA= names centre_a, which these rows lack
