@@ -17,7 +17,7 @@ TRACKING_URI = $(PY) -m training.tracking.uri
 ifndef V
 .SILENT:
 endif
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-realdata test-presets test-slow test-server lint format bench clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-realdata test-presets test-slow test-server lint format bench bench-scale clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -157,6 +157,9 @@ bench: setup ## Benchmarks, printing ratios measured side by side in one run (be
 	$(PY) tests/bench/bench_loader.py
 	$(PY) tests/bench/bench_gpu.py
 	$(PY) tests/bench/bench_cli.py
+
+bench-scale: setup ## Each stage at 10k, 40k and full size of a rehearsal release built from ../shared/data's real tables (minutes; docs/scaling.md)
+	$(PY) tests/bench/bench_scale.py $(ARGS)
 
 clean: ## Remove generated data, working checkpoints and caches (keeps the MLflow store and .venv)
 	rm -rf data/synthetic mlruns/checkpoints .pytest_cache .ruff_cache
