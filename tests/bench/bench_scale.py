@@ -314,9 +314,11 @@ def run_child(stage: str, rows: int, workdir: Path) -> dict:
 
 
 def exponent(rows: list[int], seconds: list[float]) -> list[str]:
+    """Growth exponent of each size against the previous one (empty for the first)."""
     cells = [""]
-    for (n1, t1), (n2, t2) in zip(zip(rows, seconds), zip(rows[1:], seconds[1:]), strict=False):
-        cells.append(f"{math.log(t2 / t1) / math.log(n2 / n1):.2f}" if min(t1, t2) > 0 else "")
+    for i in range(1, len(rows)):
+        (n1, t1), (n2, t2) = (rows[i - 1], seconds[i - 1]), (rows[i], seconds[i])
+        cells.append(f"{math.log(t2 / t1) / math.log(n2 / n1):.2f}" if min(t1, t2) > 0 and n2 != n1 else "")
     return cells
 
 
