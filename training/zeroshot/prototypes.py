@@ -13,7 +13,7 @@ selection is by the model's own text scores.
 
 Which pool: the validation split, at every validation epoch, so each checkpoint carries the prototypes of its own
 epoch (buffers of the model) and the test report, ``make evaluate``, serving and submissions score with the
-same prompts. Under the Task 2 training rule (docs/rules.md) validation holds no image known to show an unseen
+same prompts. Under the Task 2 training rule (docs/rules.md §11) validation holds no image known to show an unseen
 finding, so the confident images can only be unlabelled ones or the text's false alarms: on a fully labelled
 pool the prototypes therefore carry no class evidence, and the method's benefit needs a pool where the findings
 occur. :meth:`PrototypeClipClassifier.fit_prototypes` builds them from any loader of images (for example the
