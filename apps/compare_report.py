@@ -74,11 +74,23 @@ def write_html(comparison: Comparison, runs: dict[str, list[str]], figure: Path,
                       for name, ids in runs.items())  # fmt: skip
     per_class = class_order(comparison.per_class)
     per_class = per_class[[c for c in per_class.columns if not c.endswith((" ci_low", " ci_high"))]]
+    values = comparison.values.assign(cell=comparison.values.apply(
+        lambda r: f"{r.value:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}]", axis=1))  # fmt: skip
+    values = values.pivot(index=["entry", "seeds"], columns="metric", values="cell").reset_index()
+    values = values[["entry", "seeds", *comparison.values["metric"].drop_duplicates()]]
+    values["entry"] = pd.Categorical(values["entry"], comparison.entries)
+    values.columns.name = None
     body = f"""
 <h1>Which run is really better</h1>
 <h2>Verdict</h2><ul>{verdict}</ul>
 <p>A difference is called significant when its {CORRECTION}-adjusted p is below {settings.alpha}; otherwise the
-runs are tied on that metric. Read it as described in docs/compare.md.</p>
+runs are tied on that metric (docs/compare.md says how to read it).</p>
+<h2>Entries: mean over seeds [95 % CI: test-set resampling plus seed spread]</h2><ul>{members}</ul>
+{_table_html(values.sort_values("entry"))}
+<h2>Per class</h2>
+<img alt="per-class AP heatmap" src="{figure_uri}" style="max-width:100%">
+<h2>Pairs (difference = b - a, its 95 % CI, raw and {CORRECTION} p)</h2>
+{_table_html(comparison.verdict_table())}
 <h2>How it was computed</h2>
 <ul><li>paired bootstrap on the stored test predictions: {settings.n_boot} case-level resamples, seed
 {settings.seed}, the same images for every run, {html.escape(comparison.strata)} (docs/rules.md §3)</li>
@@ -88,12 +100,7 @@ runs are tied on that metric. Read it as described in docs/compare.md.</p>
 against the reference {html.escape(comparison.entries[0])}</li>
 <li>an entry with several seeds: mean over seeds in every resample plus a between-seed normal term of variance
 s²/S (s² the seeds' sample variance)</li>{notes}</ul>
-<h2>Entries</h2><ul>{members}</ul>
-{_table_html(comparison.values)}
-<h2>Pairs (difference = b - a)</h2>
-{_table_html(comparison.verdict_table())}
-<h2>Per class</h2>
-<img alt="per-class AP heatmap" src="{figure_uri}" style="max-width:100%">
+<h2>Per-class table</h2>
 {_table_html(per_class)}
 """
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Comparison</title>"

@@ -15,7 +15,6 @@ from mlflow import MlflowClient
 from apps.compare_report import PAIRS_CSV, PER_CLASS_CSV
 from evaluation.comparison import CORRECTION, P_VALUE, Comparison
 from evaluation.tables import logged_tables_tag, write_table
-from training.tracking.tracked_run import TrackedRun, ensure_experiment
 
 ARTIFACT_ROOT = "mlruns/artifacts"  # configs/tracking/mlflow.yaml, for an experiment this command creates
 COMPARED_IN = "cxrlt.compared_in"
@@ -30,6 +29,8 @@ def experiment_name(task: str) -> str:
 def log_comparison(client: MlflowClient, uri: str, task: str, comparison: Comparison, runs: dict[str, list[str]],
                    folder: Path) -> str:  # fmt: skip
     """Log ``folder`` (``apps.compare_report.write_all``'s files) as a new run; returns its id."""
+    from training.tracking.tracked_run import TrackedRun, ensure_experiment  # lightning: only when logging
+
     experiment = ensure_experiment(client, experiment_name(task), uri, ARTIFACT_ROOT)
     settings = comparison.settings
     compared = [run_id for ids in runs.values() for run_id in ids]
