@@ -30,7 +30,7 @@ def classes_left_out(metrics: dict[str, float], prefix: str, macro: str = "mAP")
     if entering is None:  # a run logged before that count: a class entering the mean has its own value logged
         per_class = f"{prefix}/{SUITE.by_key(macro).key}/"
         entering = sum(1 for key in metrics if key.startswith(per_class))
-    return int(left_out), int(left_out) + entering, int(metrics.get(f"{prefix}/{macro}{DROPPED_SUFFIX}", 0))
+    return int(left_out), int(left_out) + int(entering), int(metrics.get(f"{prefix}/{macro}{DROPPED_SUFFIX}", 0))
 
 
 def left_out_note(metrics: dict[str, float], prefix: str = "test", n_boot: int | None = None) -> str | None:
