@@ -211,6 +211,24 @@ def test_a_multi_objective_study_logs_its_front_and_register_picks_by_the_rule(t
     assert said[-1].startswith(f"picked trial 1 (run {picked}): the smallest distance, 0.632, tied with 1")
 
 
+def test_make_register_pareto_front_registers_the_rules_pick(tuned, monkeypatch):
+    import apps.registry as registry
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tuned['tmp']}/mlflow.db")
+    asked = {}
+
+    class Version:
+        name, version, run_id = "cxrlt-task1", "1", "r"
+
+    def register_best(client, task, metric, experiment, run_id, *args, **kwargs):
+        asked.update(task=task, metric=metric, run_id=run_id)
+        return Version()
+
+    monkeypatch.setattr(registry, "register_best", register_best)
+    registry.main(["--task", "task1", "--pareto-front", "--include-debug"])
+    assert asked == {"task": "task1", "metric": "val/mAP", "run_id": tuned["study"].trials[1].user_attrs[RUN_ATTR]}
+
+
 def test_the_restart_resumes_the_study_and_moves_the_front_tags(tuned, monkeypatch):
     tune, client, tmp = tuned["tune"], tuned["client"], tuned["tmp"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp}/mlflow.db")
