@@ -28,7 +28,7 @@ def release_run(tmp_path_factory):
     command = train_command(
         tmp, "task=task2", "debug=smoke", *release.hydra_overrides(), f"data.source.out_dir={tmp}/manifests",
         "data.num_workers=0", "trainer.enable_progress_bar=false", f"evaluation.n_boot={N_BOOT}",
-        "evaluation.perturbation.enabled=false", "tta.enabled=false", "evaluation.plots=false",
+        "evaluation.plots=false", f"evaluation.perturbation.cache_dir={tmp}/perturbed",
     )  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -72,3 +72,26 @@ def test_task2_internal_external_and_pooled_figures_are_each_resampled_within_so
     unstratified = compute_suite(targets, probs, TASK2_LABELS, n_boot=N_BOOT, seed=seed).metrics
     assert not np.isclose(metrics["test_unseen/pooled/mAP_ci_low"], unstratified["mAP_ci_low"])
     assert "| internal (padchest) |" in output and "| pooled (resampled within source) |" in output
+
+
+def test_task2_analyses_on_the_release_internal_external_and_the_development_draw(release_run, tmp_path):
+    """TTA and perturbed copies of the internal (PadChest) and external (NIH) tests, and the held-out draw of the
+    release's development split (which carries the six classes), scored on the unseen classes."""
+    _, client, run, output = release_run
+    metrics = run.data.metrics
+    for prefix in ("test_unseen_tta", "test_unseen_perturbed"):
+        for scope in ("pooled", "internal", "external"):
+            low, value, high = (metrics[f"{prefix}/{scope}/mAP{s}"] for s in ("_ci_low", "", "_ci_high"))
+            assert 0.0 <= low <= high <= 1.0 and 0.0 <= value <= 1.0, (prefix, scope)
+    frame = pd.read_csv(client.download_artifacts(run.info.run_id, "predictions/test_unseen_perturbed.csv",
+                                                  str(tmp_path)))  # fmt: skip
+    rows = (frame["source"] == "nih").to_numpy()
+    probs, targets = frame[list(TASK2_LABELS)].to_numpy(), frame[[f"true/{n}" for n in TASK2_LABELS]].to_numpy()
+    alone = compute_suite(targets[rows], probs[rows], TASK2_LABELS, n_boot=N_BOOT, seed=0).metrics
+    assert metrics["test_unseen_perturbed/external/mAP"] == pytest.approx(alone["mAP"], abs=1e-6)
+    held = pd.read_csv(client.download_artifacts(run.info.run_id, "predictions/heldout_unseen.csv", str(tmp_path)))
+    assert len(held) == metrics["heldout_unseen/n_images"] == 32 and set(held["source"]) == {"padchest"}
+    expected = compute_suite(held[[f"true/{n}" for n in TASK2_LABELS]].to_numpy(), held[list(TASK2_LABELS)].to_numpy(),
+                             TASK2_LABELS, n_boot=0).metrics["mAP"]  # fmt: skip
+    assert metrics["heldout_unseen/mAP"] == pytest.approx(expected, abs=1e-6)
+    assert "unseen mAP, test perturbed: pooled " in output and "| scope | test | test with TTA |" in output
