@@ -49,8 +49,14 @@ def test_targets_follow_task_order_and_counts_match(make_manifest):
 
     table = pd.read_csv(path)
     train = table[table["split"] == "train"]
-    np.testing.assert_array_equal(dm.datasets["train"].targets.numpy(), train[labels].to_numpy(np.float32))
+    expected = train[labels].to_numpy(np.float32)
+    unlabelled = ~(expected == 1).any(axis=1)  # no positive: Normal is "not labelled" in training (rules §12)
+    assert unlabelled.any() and not unlabelled.all()
+    expected[unlabelled, labels.index("Normal")] = -1.0
+    np.testing.assert_array_equal(dm.datasets["train"].targets.numpy(), expected)
     np.testing.assert_array_equal(dm.class_counts, train[labels].sum().to_numpy())
+    test = table[table["split"] == "test"]  # scored as given
+    np.testing.assert_array_equal(dm.datasets["test"].targets.numpy(), test[labels].to_numpy(np.float32))
 
 
 def test_preload_and_lazy_reading_agree(make_manifest, task1_labels):
