@@ -36,3 +36,20 @@ def test_epoch_at_fraction_refuses_shares_outside_the_run():
         epoch_at_fraction(1.5, 10)
     with pytest.raises(ValueError, match="max_epochs"):
         epoch_at_fraction(0.5, 0)
+
+
+def test_run_epochs_reads_a_step_bounded_run_as_the_epochs_its_steps_take():
+    from types import SimpleNamespace
+
+    from training.models.schedule import run_epochs
+
+    def trainer(max_epochs, max_steps, batches=12, accumulate=1):
+        return SimpleNamespace(max_epochs=max_epochs, max_steps=max_steps, num_training_batches=batches,
+                               accumulate_grad_batches=accumulate)  # fmt: skip
+
+    assert run_epochs(trainer(8, -1)) == 8  # the epoch bound wins when set
+    assert run_epochs(trainer(-1, 3)) == 1  # 3 steps of a 12-batch epoch: inside the first epoch
+    assert run_epochs(trainer(-1, 30)) == 3  # 30 / 12 = 2.5 epochs, rounded up
+    assert run_epochs(trainer(-1, 30, accumulate=2)) == 5  # 60 batches
+    with pytest.raises(ValueError, match="max_epochs >= 1 or trainer.max_steps > 0"):
+        run_epochs(trainer(-1, -1))

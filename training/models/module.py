@@ -36,7 +36,7 @@ from training.checkpoint_io import global_rng_state, restore_global_rng_state
 from training.components import build_component
 from training.models.backbone import backbone_from_config
 from training.models.heads import build_head
-from training.models.schedule import warmup_cosine
+from training.models.schedule import run_epochs, warmup_cosine
 from training.tracking.redaction import redact
 
 # A class without positives in a (small) validation split is expected in the tail; LabelCounts leaves it out of
@@ -201,7 +201,7 @@ class MultiLabelClassifier(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         if getattr(self, "backbone_frozen", False):
             self.backbone.eval()  # Lightning puts the whole module in train mode each epoch
-        self.loss.on_epoch_start(self.current_epoch, self.trainer.max_epochs)  # a schedule may be a share of the run
+        self.loss.on_epoch_start(self.current_epoch, run_epochs(self.trainer))  # a schedule may be a share of the run
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         targets = batch["target"]  # (B, C), -1 = not labelled

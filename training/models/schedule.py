@@ -18,6 +18,27 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_factor: fl
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def run_epochs(trainer) -> int:
+    """The run's length in epochs, for schedules written as a share of the run.
+
+    Why: a run bounded by steps (``trainer.max_steps``, ``max_epochs`` left at -1) still has a length; it is the
+    epochs its steps take, rounded up, so a share of the run means the same under either bound.
+
+    Raises:
+        ValueError: neither bound is known (an endless run has no share to take).
+    """
+    if trainer.max_epochs is not None and int(trainer.max_epochs) >= 1:
+        return int(trainer.max_epochs)
+    batches = getattr(trainer, "num_training_batches", float("inf"))
+    steps = getattr(trainer, "max_steps", -1)
+    if steps is not None and steps > 0 and 0 < batches < float("inf"):
+        return max(1, math.ceil(steps * getattr(trainer, "accumulate_grad_batches", 1) / batches))
+    raise ValueError(
+        f"a schedule written as a share of the run needs trainer.max_epochs >= 1 or trainer.max_steps > 0 "
+        f"(max_epochs={trainer.max_epochs}, max_steps={steps})"
+    )
+
+
 def epoch_at_fraction(fraction: float, max_epochs: int) -> int:
     """The 0-based epoch at which a share ``fraction`` of ``max_epochs`` has passed, kept inside the run.
 

@@ -20,7 +20,7 @@ import lightning.pytorch as L
 import torch
 
 from training.errors import UserError
-from training.models.schedule import epoch_at_fraction
+from training.models.schedule import epoch_at_fraction, run_epochs
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class TwoPhase(L.Callback):
         if not hasattr(pl_module.head, "start_phase_two"):
             raise UserError(f"two_phase needs a two-phase head (head=moe), not {type(pl_module.head).__name__}")
         if self.switch_fraction is not None:
-            self.switch_epoch = epoch_at_fraction(self.switch_fraction, trainer.max_epochs)
+            self.switch_epoch = epoch_at_fraction(self.switch_fraction, run_epochs(trainer))
         if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= self.switch_epoch:
             raise UserError(
                 f"callbacks.two_phase.switch_epoch={self.switch_epoch} is not below trainer.max_epochs="
