@@ -133,7 +133,7 @@ class TableObjective:
     def __call__(self, trial):
         assert self.admits(trial.study, trial.number)
         trial.suggest_float("model.lr", 1e-5, 1.0)
-        client = MlflowClient()
+        client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # not a URI another test set globally
         run = client.create_run(client.get_experiment_by_name("task1").experiment_id,
                                 tags={"mlflow.parentRunId": self.parent, "optuna.trial_number": str(trial.number)})  # fmt: skip
         values = VALUES[trial.number]
