@@ -157,6 +157,10 @@ bench: setup ## Benchmarks, printing ratios measured side by side in one run (be
 	$(PY) tests/bench/bench_loader.py
 	$(PY) tests/bench/bench_gpu.py
 	$(PY) tests/bench/bench_cli.py
+	$(PY) tests/bench/bench_store.py
+
+bench-store: setup ## A store of 300 finished runs: make register, make compare and the Headline view's REST calls as ratios to search_runs (filled once into /tmp/cxrlt-bench-store): make bench-store [ARGS="--runs 300"]
+	$(PY) tests/bench/bench_store.py $(ARGS)
 
 bench-scale: setup ## Each stage at 10k, 40k and full size of a rehearsal release built from ../shared/data's real tables (minutes; docs/scaling.md)
 	$(PY) tests/bench/bench_scale.py $(ARGS)
