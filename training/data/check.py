@@ -19,7 +19,7 @@ from evaluation.groups import frequency_group
 from training.data.findings import KNOWN_FINDINGS
 from training.data.heterogeneity import measure
 from training.data.images import MAX_PIXELS, check_file, read_grayscale
-from training.data.manifest import SPLITS, check_manifest, csv_line, outside_roots, parse_manifest_labels
+from training.data.manifest import SPLITS, check_manifest, csv_line, outside_roots
 
 
 @dataclass
@@ -80,7 +80,7 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
     splits = [s for s in SPLITS if (table["split"] == s).any()]
 
     present = [c for c in found.labels if c in table.columns]  # a task label may be missing (reported above)
-    values = pd.DataFrame({c: parse_manifest_labels(table[c])[0] for c in present}, index=table.index)
+    values = found.values[present]  # parsed once, by the manifest check
     counts = pd.DataFrame({s: (values[table["split"] == s] == 1).sum() for s in splits}, index=present)
     counts["total"] = counts.sum(axis=1)
     n_train = int((table["split"] == "train").sum())
