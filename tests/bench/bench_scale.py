@@ -20,6 +20,7 @@ release and the placeholder images between runs (about 280k small files).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -55,6 +56,7 @@ STAGES = ("manifest", "data-check", "cache", "sampler-random", "sampler-class_aw
 IMAGE_SIZE = 16
 BATCH = 64
 STEPS = 60
+ROUNDS = 5
 
 
 # ---------------------------------------------------------------------------------------------- the release
@@ -191,29 +193,50 @@ def _datamodule(workdir: Path, rows: int, labels, workers: int, sampler: str = "
     return module
 
 
+def _workers_pss_mib() -> float:
+    """Summed PSS of this process's loader workers now, MiB (what each holds of its own, shared pages split)."""
+    import psutil
+
+    total = 0
+    for worker in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += worker.memory_full_info().pss
+    return round(total / 2**20, 1)
+
+
 def stage_loader(workers: int):
     def run(workdir, rows, labels) -> dict:
+        """Two whole epochs; the workers' PSS after their first batches and at the end of each epoch (a worker
+        whose memory grew with the epoch shows as an end figure above the early one)."""
         module = _datamodule(workdir, rows, labels, workers)
         start = time.perf_counter()
-        seen = 0
-        for _ in range(2):  # two epochs' worth of steps: worker memory that grows with the epoch shows
+        seen, pss = 0, []
+        for _ in range(2):
+            steps = len(module.train_dataloader())
             for step, batch in enumerate(module.train_dataloader()):
-                seen += len(batch[0])
-                if step + 1 >= 4 * STEPS:
-                    break
-        return {"seconds": time.perf_counter() - start, "images": seen}
+                seen += len(batch["image"])
+                if step == 20 or step == steps - 1:
+                    pss.append(_workers_pss_mib())
+        return {"seconds": time.perf_counter() - start, "images": seen,
+                "worker_pss_early_end": "/".join(f"{p:.0f}" for p in pss)}  # fmt: skip
 
     return run
 
 
 def stage_train_steps(workdir, rows, labels) -> dict:
-    """A fixed number of optimiser steps over the full data module and sampler, then the same on bare tensors."""
+    """Optimiser steps over the full data module and sampler, then the same on bare tensors, interleaved.
+
+    ``ROUNDS`` times: ``STEPS`` steps pulling batches from the training loader, then ``STEPS`` steps on batches
+    already in memory (the first few the loader gave), so load on a shared machine falls on both alike. The
+    throughput ratio is over steady state, from the first batch on; the pass's start (forking the worker,
+    drawing the sampler's epoch, the first batch), paid once an epoch, is ``first_batch_s``.
+    """
     import torch
     from torch import nn
 
     torch.manual_seed(0)
     module = _datamodule(workdir, rows, labels, workers=1)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                           nn.Linear(8, len(labels)))  # fmt: skip
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.BCEWithLogitsLoss()
@@ -223,20 +246,27 @@ def stage_train_steps(workdir, rows, labels) -> dict:
         loss_fn(model(x), torch.nan_to_num(y.float().clamp(min=0))).backward()
         optimiser.step()
 
-    batches = []
     start = time.perf_counter()
-    for i, batch in enumerate(module.train_dataloader()):
-        step(batch[0], batch[1])
-        if len(batches) < 8:
-            batches.append((batch[0].clone(), batch[1].clone()))
-        if i + 1 >= STEPS:
-            break
-    platform = time.perf_counter() - start
-    start = time.perf_counter()
-    for i in range(STEPS):
-        step(*batches[i % len(batches)])
-    bare = time.perf_counter() - start
-    return {"seconds": platform, "bare_s": round(bare, 3), "throughput_vs_bare": round(bare / platform, 2)}
+    loader = iter(module.train_dataloader())
+    first = next(loader)
+    first_batch = time.perf_counter() - start
+    step(first["image"], first["target"])
+    batches = [(first["image"].clone(), first["target"].clone())]
+    platform = bare = 0.0
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(STEPS):
+            batch = next(loader)
+            step(batch["image"], batch["target"])
+            if len(batches) < 8:
+                batches.append((batch["image"].clone(), batch["target"].clone()))
+        platform += time.perf_counter() - start
+        start = time.perf_counter()
+        for i in range(STEPS):
+            step(*batches[i % len(batches)])
+        bare += time.perf_counter() - start
+    return {"seconds": platform, "bare_s": round(bare, 3), "first_batch_s": round(first_batch, 2),
+            "steps": ROUNDS * STEPS, "throughput_vs_bare": round(bare / platform, 2)}  # fmt: skip
 
 
 def stage_test_phase(factor: int):
@@ -344,8 +374,10 @@ def main() -> None:
     sizes = [total if s == "full" else min(int(s), total) for s in args.sizes]
     print(f"{'stage':<22} {'rows':>8} {'wall s':>8} {'exp':>5} {'parent MiB':>10} {'all RSS MiB':>11} "
           f"{'all PSS MiB':>11}  notes")  # fmt: skip
+    results = {}
     for stage in args.stages:
         reports = [run_child(stage, rows, workdir) for rows in sizes]
+        results[stage] = dict(zip(sizes, reports, strict=True))
         seconds = [r.get("seconds", float("nan")) for r in reports]
         for rows, report, exp in zip(sizes, reports, exponent(sizes, seconds), strict=True):
             if "error" in report:
@@ -356,6 +388,27 @@ def main() -> None:
             flag = " super-linear" if exp and float(exp) > 1.1 else ""
             print(f"{stage:<22} {rows:>8} {report['seconds']:>8.2f} {exp:>5} {report['rss_parent']:>10.0f} "
                   f"{report['rss_total']:>11.0f} {report['pss_total']:>11.0f}  {notes}{flag}", flush=True)  # fmt: skip
+    for line in target_lines(results, sizes):
+        print(line, flush=True)
+
+
+def target_lines(results: dict, sizes: list[int]) -> list[str]:
+    """The ratio targets of issue 31, read off this run.
+
+    Loader memory is judged on summed PSS: summed RSS counts every page a forked worker shares with the parent
+    (copy-on-write: the libraries, the images, the parent's heap) once per worker, memory that exists once.
+    """
+    lines = []
+    for rows in sizes:
+        one, four = results.get("loader-w1", {}).get(rows, {}), results.get("loader-w4", {}).get(rows, {})
+        if "pss_total" in one and "pss_total" in four:
+            lines.append(f"loader-w4 / loader-w1 at {rows} rows: PSS {four['pss_total'] / one['pss_total']:.2f}x "
+                         f"(target <= 1.5), RSS {four['rss_total'] / one['rss_total']:.2f}x")  # fmt: skip
+        train = results.get("train-steps", {}).get(rows, {})
+        if "throughput_vs_bare" in train:
+            lines.append(f"train-steps at {rows} rows: throughput_vs_bare {train['throughput_vs_bare']:.2f} "
+                         "(target >= 0.9)")  # fmt: skip
+    return lines
 
 
 if __name__ == "__main__":

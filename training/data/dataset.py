@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import mmap
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
+import albumentations as A
 import numpy as np
 import torch
+from albumentations.pytorch import ToTensorV2
 from torch.utils.data import Dataset
 
 from training.data.cache import FORMAT_VERSION, image_list_fingerprint
@@ -18,6 +21,8 @@ from training.data.targeted_augment import CLASS_TARGETS
 # "AP_horizontal", lower case from hand-made manifests) folded onto one name, so a view-routed model configured
 # with ``views: [PA, AP, LATERAL]`` routes every source alike.
 VIEW_SYNONYMS = {"PA": "PA", "POSTEROANTERIOR": "PA", "AP": "AP", "ANTEROPOSTERIOR": "AP"}
+#: Rows a preload or check thread handles per task.
+CHUNK = 512
 LATERAL_WORDS = {"LATERAL", "LAT", "LL", "RL", "LLAT", "RLAT"}
 NO_VIEW = {"", "NAN", "NONE", "NULL", "NA", "UNKNOWN"}
 
@@ -41,6 +46,14 @@ def canonical_view(value) -> str | None:
     if LATERAL_WORDS.intersection(words):
         return "LATERAL"
     return " ".join(words)
+
+
+def string_array(values) -> np.ndarray:
+    """``(N,)`` numpy array of variable-width strings (``StringDType``): one buffer, no Python object per row, and
+    indexing it gives a plain ``str``."""
+    if isinstance(values, np.ndarray) and isinstance(values.dtype, np.dtypes.StringDType):
+        return values
+    return np.array([str(value) for value in values], dtype=np.dtypes.StringDType())
 
 
 def view_indices(values, views) -> np.ndarray:
@@ -84,35 +97,47 @@ class ManifestDataset(Dataset):
     def __init__(self, root, paths, targets, image_ids, image_size, transform, preload=True, threads=4,
                  resize="stretch", store=None, positions=None, views=None, max_pixels=MAX_PIXELS):  # fmt: skip
         self.root = Path(root)
-        self.paths = list(paths)
+        # Per-item state is numpy arrays, never Python lists: a forked loader worker that touches a list's str
+        # objects (their refcounts) copies the pages holding them, so over an epoch every worker would end up with
+        # its own copy of the whole table; an array is one object whose buffer is only ever read.
+        self.paths = string_array(paths)
         self.targets = torch.as_tensor(np.asarray(targets, dtype=np.float32))
-        self.image_ids = list(image_ids)
+        self.image_ids = string_array(image_ids)
         self.image_size = image_size
         self.resize = resize
         self.transform = transform
-        self.store, self.positions = store, None if positions is None else np.asarray(positions)
+        self.store, self.positions = store, None if positions is None else np.asarray(positions, dtype=np.int64)
         self.views = None if views is None else torch.as_tensor(np.asarray(views, dtype=np.int64))
         self.max_pixels = max_pixels
         if store is None:
-            read = self._decode if preload else self._check
-            with ThreadPoolExecutor(threads) as pool:
-                done = list(pool.map(partial(self._attempt, read), range(len(self.paths))))
-            failed = [f"image {self.image_ids[i]!r}: {error}" for i, (_, error) in enumerate(done) if error]
-            if failed:  # every broken file at once, not the first of many runs
-                shown = failed[:10] + ([f"... and {len(failed) - 10} more"] if len(failed) > 10 else [])
-                raise ImageDecodeError(f"{len(failed)} of {len(self.paths)} images cannot be read (`make data-check` "
-                                       "lists them all):\n  " + "\n  ".join(shown))  # fmt: skip
-            if preload:
-                images = [image for image, _ in done]
-                self.store = np.stack(images) if images else np.zeros((0, image_size, image_size), np.uint8)
+            self._read_all(preload, threads)
 
-    @staticmethod
-    def _attempt(read, index: int) -> tuple[object, str | None]:
-        """``(read(index), None)``, or ``(None, message)`` when the file is missing or cannot be read."""
-        try:
-            return read(index), None
-        except (OSError, ValueError) as error:
-            return None, str(error)
+    def _read_all(self, preload: bool, threads: int) -> None:
+        """Decode every file into one preallocated ``(N, H, W)`` array (preload), or check every file (lazy);
+        raise listing every file that cannot be read, not the first of many runs."""
+        n = len(self.paths)
+        images = np.zeros((n, self.image_size, self.image_size), np.uint8) if preload else None
+
+        def attempt(index: int) -> str | None:
+            try:
+                if images is None:
+                    self._check(index)
+                else:
+                    images[index] = self._decode(index)
+            except (OSError, ValueError) as error:
+                return f"image {self.image_ids[index]!r}: {error}"
+            return None
+
+        def attempt_chunk(begin: int) -> list[str]:  # one task per chunk: no Future per row at 270k rows
+            return [message for index in range(begin, min(begin + CHUNK, n)) if (message := attempt(index))]
+
+        with ThreadPoolExecutor(threads) as pool:
+            failed = [message for chunk in pool.map(attempt_chunk, range(0, n, CHUNK)) for message in chunk]
+        if failed:
+            shown = failed[:10] + ([f"... and {len(failed) - 10} more"] if len(failed) > 10 else [])
+            raise ImageDecodeError(f"{len(failed)} of {n} images cannot be read (`make data-check` "
+                                   "lists them all):\n  " + "\n  ".join(shown))  # fmt: skip
+        self.store = images
 
     def _check(self, index: int) -> None:
         check_file(self.root / self.paths[index], self.max_pixels)
@@ -165,3 +190,76 @@ class ManifestDataset(Dataset):
         if self.views is not None:
             item["view"] = self.views[index]  # () int64, -1 = unknown
         return item
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        """A batch's items at once (the loader's batched fetch): what ``[self[i] for i in indices]`` gives.
+
+        When the pipeline is only the normalisation (evaluation, training without augmentation) and the images are
+        in memory, it maps pixel values through a 256-entry table for the whole batch in one step; at small image
+        sizes the per-item pipeline call costs more than the model's step, so the loader, not the model, set the
+        pace. Any other pipeline goes item by item.
+        """
+        table = self._pixel_table()
+        if table is None or self.store is None:
+            return [self[index] for index in indices]
+        rows = np.asarray(indices, dtype=np.int64)
+        store = self.store.view(np.ndarray) if isinstance(self.store, np.memmap) else self.store
+        images = torch.from_numpy(table[store[rows if self.positions is None else self.positions[rows]]])
+        targets = torch.from_numpy(self.targets.numpy()[rows])
+        items = [{"image": image, "target": target, "index": index}
+                 for image, target, index in zip(images.unsqueeze(1).unbind(0), targets.unbind(0), indices, strict=True)]  # fmt: skip
+        if self.views is not None:
+            for item, view in zip(items, torch.from_numpy(self.views.numpy()[rows]).unbind(0), strict=True):
+                item["view"] = view
+        return items
+
+    def _pixel_table(self) -> np.ndarray | None:
+        """``(256,)`` float32: the pipeline's output for each uint8 value, when the pipeline is a pure per-pixel map
+        (a standard :class:`~albumentations.Normalize` then :class:`~albumentations.pytorch.ToTensorV2`, nothing
+        random); None otherwise. Computed through the pipeline itself, so it is the pipeline's own arithmetic."""
+        if getattr(self, "_table_for", None) is not self.transform:
+            self._table_for, self._table = self.transform, None
+            if pixelwise(self.transform):
+                values = np.arange(256, dtype=np.uint8).reshape(16, 16)
+                self._table = np.ascontiguousarray(self.transform(image=values)["image"].numpy().reshape(256))
+        return self._table
+
+    def __getstate__(self) -> dict:
+        """What a spawned loader worker receives: a memory-mapped cache travels as its file name, not its pixels."""
+        state = self.__dict__.copy()
+        store = state["store"]
+        if isinstance(store, np.memmap) and isinstance(store.base, mmap.mmap) and store.flags.c_contiguous:
+            # a whole mapping (not a view into one, whose offset attribute would still be its parent's)
+            state["store"] = MappedArray(store.filename, store.dtype.str, store.shape, store.offset)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if isinstance(state["store"], MappedArray):
+            state["store"] = state["store"].open()
+        self.__dict__.update(state)
+
+
+class MappedArray(NamedTuple):
+    """A read-only memory map, as its file and layout (a pickled ``np.memmap`` would carry its whole buffer)."""
+
+    filename: str
+    dtype: str
+    shape: tuple
+    offset: int
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.filename, dtype=self.dtype, mode="r", shape=self.shape, offset=self.offset)
+
+
+def pixelwise(transform) -> bool:
+    """Whether an albumentations pipeline maps each uint8 pixel value to one output value, the same for every
+    pixel and every call: exactly a standard ``Normalize`` followed by ``ToTensorV2``."""
+    steps = list(getattr(transform, "transforms", ()))
+    return (
+        type(transform) is A.Compose
+        and transform.p == 1
+        and [type(step) for step in steps] == [A.Normalize, ToTensorV2]
+        and steps[0].normalization == "standard"
+        and steps[0].p == 1
+        and steps[1].p == 1
+    )
