@@ -90,10 +90,25 @@ def resample_counts(n_items: int, n_boot: int, seed: int, *, start: int = 0, sto
         (integer counts up to ``N`` are exact in float64).
     """
     stop = _check_range(n_items, n_boot, start, stop)
-    members = strata_members(strata, n_items)
-    out = np.empty((stop - start, n_items), dtype=np.float64)  # (b, N)
+    return count_rows(n_items, seed, start, stop, strata_members(strata, n_items)).astype(np.float64)
+
+
+def count_rows(n_items: int, seed: int, start: int, stop: int, members: list[np.ndarray] | None) -> np.ndarray:
+    """``(stop - start, N)`` int64 counts of resamples ``start..stop-1``, strata given as ``strata_members``.
+
+    Why separate from ``resample_counts``: the suite calls it once per chunk with the strata resolved once (sorting
+    150,000 string labels per chunk cost more than drawing), and keeps the counts as integers so they can be packed
+    (``evaluation.packed_counts``). A stratum's draws are counted into its own images (``bincount`` of the
+    within-stratum indices), which gives the same counts as counting ``_draw``'s image indices.
+    """
+    out = np.zeros((stop - start, n_items), dtype=np.int64)  # (b, N)
     for row, b in enumerate(range(start, stop)):
-        out[row] = np.bincount(_draw(resample_generator(seed, b), n_items, members), minlength=n_items)
+        generator = resample_generator(seed, b)
+        if members is None:
+            out[row] = np.bincount(generator.integers(0, n_items, size=n_items), minlength=n_items)
+            continue
+        for m in members:  # same generator calls, same order as _draw
+            out[row, m] = np.bincount(generator.integers(0, m.size, size=m.size), minlength=m.size)
     return out
 
 
@@ -103,16 +118,21 @@ def auto_chunk(n_items: int, n_boot: int, chunk_bytes: int = CHUNK_BYTES) -> int
 
 
 def iter_count_chunks(n_items: int, n_boot: int, seed: int, chunk: int,
-                      strata: Sequence | np.ndarray | None = None) -> Iterator[tuple[slice, np.ndarray]]:  # fmt: skip
+                      strata: Sequence | np.ndarray | None = None,
+                      dtype: type = np.float64) -> Iterator[tuple[slice, np.ndarray]]:  # fmt: skip
     """Yield ``(rows, counts)`` for consecutive chunks of resamples; ``counts`` is ``(len(rows), N)``.
 
-    Memory is bounded by one chunk whatever ``n_boot`` is. ``strata`` as in :func:`resample_indices`.
+    Memory is bounded by one chunk whatever ``n_boot`` is. ``strata`` as in :func:`resample_indices` (resolved once
+    for all chunks). ``dtype``: float64 for products, ``np.int64`` for exact packing (``evaluation.packed_counts``).
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if n_boot:
+        _check_range(n_items, n_boot, 0, None)
+    members = strata_members(strata, n_items)
     for start in range(0, n_boot, chunk):
         stop = min(start + chunk, n_boot)
-        yield slice(start, stop), resample_counts(n_items, n_boot, seed, start=start, stop=stop, strata=strata)
+        yield slice(start, stop), count_rows(n_items, seed, start, stop, members).astype(dtype, copy=False)
 
 
 def percentile_ci(samples: np.ndarray, ci: float = 0.95) -> tuple[float, float]:

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
+
+from evaluation.packed_counts import Packing
 
 N_BINS = 15
 """Equal-width calibration bins (see ``evaluation.calibration``)."""
@@ -168,6 +171,34 @@ class ClassPlan:
         )
 
 
+    @cached_property
+    def ranking_matrix(self) -> sp.csr_matrix:
+        """``(S + G, N)`` int64 0/1 rows of ``matrix`` (segment negatives, group positives): sums packed counts."""
+        return self.matrix[: self.n_segments + self.n_groups].astype(np.int64)
+
+    @cached_property
+    def residual_matrix(self) -> sp.csr_matrix:
+        """``(n_bins, N)`` float64 ``y - p`` rows of ``matrix``; the suite stacks every class's into one product."""
+        return self.matrix[self.n_segments + self.n_groups :]
+
+    def packed_stats(self, packed: np.ndarray, packing: Packing, residual: np.ndarray) -> ClassStats:
+        """``stats`` of a chunk whose integer counts are packed (``evaluation.packed_counts``); identical values.
+
+        Args:
+            packed: ``(N, packing.width)`` int64 packed counts of the chunk.
+            packing: how the chunk's resamples share lanes.
+            residual: ``(n_bins, b)`` per-bin ``sum w (y - p)``, from the suite's one product for all classes.
+        """
+        out = self.ranking_matrix @ packed  # (S + G, width): exact lane-wise integer sums
+        s = self.n_segments
+        return ClassStats(
+            neg_cum=packing.unpack(np.cumsum(out[:s], axis=0)),  # (S, b)
+            pos=packing.unpack(out[s:]),  # (G, b)
+            tp_cum=packing.unpack(np.cumsum(out[s:], axis=0)),  # (G, b)
+            residual=residual,
+        )
+
+
 @dataclass(frozen=True)
 class ClassStats:
     """One class's sufficient statistics for a chunk of ``b`` resamples (resample on the last axis)."""
@@ -217,15 +248,16 @@ def ap_auroc(plan: ClassPlan, stats: ClassStats) -> tuple[np.ndarray, np.ndarray
         return np.full(len(w_pos), np.nan), np.full(len(w_pos), np.nan)
     a, tp = stats.pos, stats.tp_cum  # (G, b)
     fp = stats.neg_cum[plan.group_segment]  # (G, b)
-    fp_before = np.zeros_like(fp)
-    above = plan.group_segment > 0
-    fp_before[above] = stats.neg_cum[plan.group_segment[above] - 1]
+    fp_before = stats.neg_cum[plan.group_segment - 1]  # (G, b); row -1 where the group starts the order:
+    fp_before[plan.group_segment == 0] = 0.0  # nothing above it
     predicted = tp + fp
-    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+    # tp / predicted, 0 where nothing is predicted (then tp = 0, so dividing by the smallest normal gives 0 too):
+    precision = np.divide(tp, np.maximum(predicted, np.finfo(np.float64).tiny, out=predicted), out=predicted)
+    fp += fp_before
     with np.errstate(invalid="ignore", divide="ignore"):
         ap = np.einsum("gb,gb->b", a, precision) / w_pos
         # a_g * (negatives below g + half those tied with g) = a_g * (w_neg - (fp_g + fp_before_g) / 2)
-        auroc = (w_neg * w_pos - 0.5 * np.einsum("gb,gb->b", a, fp + fp_before)) / (w_pos * w_neg)
+        auroc = (w_neg * w_pos - 0.5 * np.einsum("gb,gb->b", a, fp)) / (w_pos * w_neg)
     ap[w_pos <= 0] = np.nan
     auroc[(w_pos <= 0) | (w_neg <= 0)] = np.nan
     return ap, auroc

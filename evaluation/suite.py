@@ -25,8 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci, strata_members
+import scipy.sparse as sp
+
+from evaluation.bootstrap import iter_count_chunks, percentile_ci, strata_members
 from evaluation.metric_registry import SUITE, ClassChunk, SuiteMetric
+from evaluation.packed_counts import Packing
 from evaluation.ranking import N_BINS, ClassPlan
 from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
 
@@ -185,24 +188,34 @@ def validate_inputs(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str
 
 def _evaluate(
     plans: list[ClassPlan],
-    counts_t: np.ndarray,
+    residual_matrix: sp.csc_matrix,
+    counts: np.ndarray,
     threshold: float,
     val_thresholds: np.ndarray | None,
     per_class: tuple[SuiteMetric, ...],
     pooled: tuple[SuiteMetric, ...],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Every registered metric for a chunk of count vectors ``(N, b)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
+    """Every registered metric for a chunk of integer counts ``(b, N)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
 
-    A class without a labelled entry is left out of everything; a pooled metric over no labelled pair is NaN.
+    Two products per chunk: each class's 0/1 ranking rows on the packed counts (three resamples per int64, exact;
+    ``evaluation.packed_counts``), and one product of every class's calibration rows, stacked, on float64 counts
+    (its columns are images, read in order). A class without a labelled entry is left out of everything; a pooled
+    metric over no labelled pair is NaN.
     """
-    b, n_classes = counts_t.shape[1], len(plans)
+    b, n_items = counts.shape
+    n_classes = len(plans)
+    packing = Packing.for_sums(b, n_items)  # every sum of one resample's counts is at most its N draws
+    packed = packing.pack(counts)  # (N, width)
+    residuals = residual_matrix @ np.ascontiguousarray(counts.T, dtype=np.float64)  # (C * n_bins, b)
     out = {metric.key: np.full((b, n_classes), np.nan) for metric in per_class}
     sums: dict[str, np.ndarray] = {}  # pooled name -> statistics summed over the classes so far
+    row = 0
     for c, plan in enumerate(plans):
+        residual, row = residuals[row : row + plan.n_bins], row + plan.n_bins
         if plan.n_labelled == 0:
             continue
         val_threshold = None if val_thresholds is None else float(val_thresholds[c])
-        chunk = ClassChunk(plan, plan.stats(counts_t), threshold, val_threshold)
+        chunk = ClassChunk(plan, plan.packed_stats(packed, packing, residual), threshold, val_threshold)
         for metric in per_class:
             out[metric.key][:, c] = metric.compute(chunk)
         for metric in pooled:
@@ -210,6 +223,18 @@ def _evaluate(
             sums[metric.name] = sums[metric.name] + stats if metric.name in sums else stats
     nan = np.full(b, np.nan)
     return out, {m.name: m.reduce(sums[m.name]) if m.name in sums else nan.copy() for m in pooled}
+
+
+PACKED_BYTES = 4 * 2**20
+"""Target size of one chunk's packed ``(N, width)`` int64 counts, the array every class's ranking product reads at
+random: small enough to stay in cache (at N = 150,000 it gives 4 packed columns, 12 resamples)."""
+
+
+def suite_chunk(n_items: int, n_boot: int, packed_bytes: int = PACKED_BYTES) -> int:
+    """Resamples per chunk: as many packed columns as fit ``packed_bytes``, times the resamples per int64."""
+    lanes = Packing.for_sums(max(int(n_boot), 1), n_items).lanes
+    width = max(1, packed_bytes // (8 * max(int(n_items), 1)))
+    return int(max(1, min(max(int(n_boot), 1), width * lanes)))
 
 
 def compute_suite(
@@ -240,7 +265,7 @@ def compute_suite(
             a ``(C,)`` sequence or ``{class: threshold}``; adds the ``*_valthr`` metrics. They stay fixed across
             resamples, so those CIs reflect test-set sampling only.
         ci: CI coverage (0.95 -> 2.5th and 97.5th percentiles).
-        chunk: resamples per chunk (memory bound); default from ``bootstrap.auto_chunk``.
+        chunk: resamples per chunk (memory bound); default from ``suite_chunk``.
         class_groups: ``{group: [class index or name, ...]}``; adds ``group/<g>/<macro>`` with CIs.
         n_bins: ECE bins.
         strata: ``(N,)`` label per image (its source); each resample then keeps every stratum's image count
@@ -281,13 +306,16 @@ def compute_suite(
         plans.append(ClassPlan.build(targets[:, c], probs[:, c], thresholds=planned, n_bins=n_bins))
 
     registered = SUITE.per_class(val_thresholds=thresholds is not None), SUITE.pooled()
-    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds, *registered)
+    residual_matrix = sp.vstack([plan.residual_matrix for plan in plans]).tocsc()  # (C * n_bins, N)
+    point, pooled_point = _evaluate(
+        plans, residual_matrix, np.ones((1, n_items), dtype=np.int64), threshold, thresholds, *registered
+    )
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
-        chunks = iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot), strata=strata)
+        chunks = iter_count_chunks(n_items, n_boot, seed, chunk or suite_chunk(n_items, n_boot), strata, np.int64)
         for rows, counts in chunks:
-            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds, *registered)
+            values, pooled = _evaluate(plans, residual_matrix, counts, threshold, thresholds, *registered)
             for key, array in values.items():
                 replicates[key][rows] = array
             for name, array in pooled.items():
