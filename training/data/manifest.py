@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import os
 import re
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ MAX_LISTED = 10  # problems listed per kind before summarising
 MANIFEST_LABELS = {"1": 1.0, "1.0": 1.0, "0": 0.0, "0.0": 0.0, "": np.nan}
 _SPELLINGS = pd.Index(list(MANIFEST_LABELS), dtype=object)
 _MEANINGS = np.array([*MANIFEST_LABELS.values(), np.nan])  # indexed by position in _SPELLINGS; -1 (last): bad
+_LABEL_CELLS = pd.CategoricalDtype(list(MANIFEST_LABELS))
 NOT_A_MANIFEST_LABEL = ("is not a manifest label: 1, 0 (or 1.0, 0.0) or an empty cell for not labelled, exactly as "
                         "written; convert other spellings first (data=csv reads yes/no and true/false)")  # fmt: skip
 #: The spellings of tables made elsewhere (compared lower-cased, spaces stripped), which the adapters convert
@@ -100,21 +102,16 @@ def read_manifest_table(csv_path: str | Path) -> pd.DataFrame:
     Raises:
         ManifestError: the file is missing, empty or not a CSV, named with pandas' reason (which carries the line).
     """
-    cells = _read_cells(Path(csv_path))
-    return _as_text(cells, cells.columns)
+    return _stripped_ids(_read_csv(Path(csv_path), dtype=str))
 
 
-def _read_cells(csv_path: Path) -> pd.DataFrame:
-    """Every cell as the Python string the CSV parser made (object columns), before any column is judged.
-
-    Object columns, not pandas' ``str`` dtype: the parser shares one string object per distinct text of a column,
-    so a label column of ``0``/``1``/empty costs a pointer per cell, while turning each of a release's ~40 label
-    columns into ``str`` would cost more than the read itself. :func:`_as_text` converts the columns kept as text.
-    """
+def _read_csv(csv_path: Path, **options) -> pd.DataFrame:
+    """``pandas.read_csv`` of a manifest, nothing taken for missing (an empty cell stays ``""``), its failures
+    named."""
     if not csv_path.is_file():
         raise ManifestError(f"manifest not found: {csv_path}")
     try:
-        return pd.read_csv(csv_path, dtype=object, keep_default_na=False)
+        return pd.read_csv(csv_path, keep_default_na=False, **options)
     except pd.errors.EmptyDataError:
         raise ManifestError(f"{csv_path}: empty file, not even a header line; a manifest needs the columns "
                             f"{list(REQUIRED_COLUMNS)} and one column per finding") from None  # fmt: skip
@@ -122,9 +119,36 @@ def _read_cells(csv_path: Path) -> pd.DataFrame:
         raise ManifestError(f"{csv_path}: not a readable CSV file: {error}") from None
 
 
-def _as_text(cells: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """``columns`` as pandas' ``str`` dtype (what ``read_csv(dtype=str)`` gives), the ids stripped."""
-    table = cells.astype(dict.fromkeys(columns, str))
+def _read_labelled(csv_path: Path, labels_of) -> tuple[pd.DataFrame, list[str]]:
+    """The manifest as text, its label columns (``labels_of(header)``) as a category of their spellings.
+
+    A label column is first parsed as a category of :data:`MANIFEST_LABELS`' spellings, which the CSV parser
+    matches per cell in C (no Python string per cell, nothing left to look up). A cell of any other text fails
+    that reading, and the file is read again with the label columns as the strings written (object), for
+    :func:`check_manifest` to name each such cell: a broken manifest pays the second read, a valid one does not.
+    """
+    header = _read_csv(csv_path, nrows=0, dtype=str).columns
+    labels = [c for c in labels_of(header) if c in header]
+    cells = _coded(csv_path, header, labels)
+    if cells is None:
+        cells = _read_csv(csv_path, dtype={c: (object if c in labels else str) for c in header})
+    return _stripped_ids(cells), labels
+
+
+def _coded(csv_path: Path, header: pd.Index, labels: list[str]) -> pd.DataFrame | None:
+    """The manifest with ``labels`` read as :data:`_LABEL_CELLS`; None when a label cell is none of its spellings
+    (or the file does not parse: the reading as text names why)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.Pandas4Warning)  # an unknown category: pandas 3 warns, 4 raises
+        try:
+            cells = pd.read_csv(csv_path, keep_default_na=False,
+                                dtype={c: (_LABEL_CELLS if c in labels else str) for c in header})  # fmt: skip
+        except (pd.errors.Pandas4Warning, ValueError, UnicodeDecodeError):
+            return None
+    return None if cells[labels].isna().to_numpy().any() else cells
+
+
+def _stripped_ids(table: pd.DataFrame) -> pd.DataFrame:
     for column in ("image_id", "patient_id"):
         if column in table.columns:
             table[column] = table[column].str.strip()
@@ -141,9 +165,12 @@ def parse_manifest_labels(values: pd.Series) -> tuple[np.ndarray, pd.Index]:
     (``1.0`` reads as ``"1.0"``, ``True`` as ``"True"``: factorising would take ``True`` for ``1``); a missing
     value (None, NaN) is a bad cell.
     """
-    if pd.api.types.infer_dtype(values, skipna=False) != "string":
-        values = values.astype(str)
-    codes, distinct = pd.factorize(values)  # codes[i] indexes distinct; -1 for a missing value
+    if isinstance(values.dtype, pd.CategoricalDtype):  # already coded: a cell's str is its category's
+        codes, distinct = values.cat.codes.to_numpy(), values.cat.categories.astype(str)
+    else:
+        if pd.api.types.infer_dtype(values, skipna=False) != "string":
+            values = values.astype(str)
+        codes, distinct = pd.factorize(values)  # codes[i] indexes distinct; -1 for a missing value
     spelling = _SPELLINGS.get_indexer(pd.Index(distinct, dtype=object))  # -1: not a manifest label
     per_cell = np.append(spelling, -1)[codes]  # a missing value's code -1 picks the appended "not a label"
     return _MEANINGS[per_cell], values.index[per_cell < 0]
@@ -229,27 +256,28 @@ def check_manifest(
         ManifestError: only when the file cannot be read as a table at all; everything else is in ``problems``.
     """
     csv_path = Path(csv_path)
-    cells = _read_cells(csv_path)
-    root = Path(root) if root is not None else csv_path.parent
-    missing_meta = [c for c in REQUIRED_COLUMNS if c not in cells.columns]
-    if missing_meta:
-        return ManifestCheck(None, (), [f"line 1: missing required column(s) {missing_meta}; a manifest needs "
-                                        f"{list(REQUIRED_COLUMNS)} (columns found: {list(cells.columns)[:8]})"])  # fmt: skip
     task = tuple(labels or ())
     names = set(known_findings) | set(task)
-    others = tuple(c for c in cells.columns if c in names and c not in (*META_COLUMNS, *extra_columns, *task))
-    ordered = task + others  # the task's labels first, in task order, then every other finding column
-    present = [c for c in ordered if c in cells.columns]
-    table = _as_text(cells, [c for c in cells.columns if c not in present])
-    values = {}
+
+    def label_columns(header) -> tuple[str, ...]:  # the task's labels first, in task order, then other findings
+        return task + tuple(c for c in header if c in names and c not in (*META_COLUMNS, *extra_columns, *task))
+
+    table, present = _read_labelled(csv_path, label_columns)
+    root = Path(root) if root is not None else csv_path.parent
+    missing_meta = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing_meta:
+        return ManifestCheck(None, (), [f"line 1: missing required column(s) {missing_meta}; a manifest needs "
+                                        f"{list(REQUIRED_COLUMNS)} (columns found: {list(table.columns)[:8]})"])  # fmt: skip
+    ordered = label_columns(table.columns)
+    parsed = {label: parse_manifest_labels(table[label]) for label in present}
+    values = pd.DataFrame({label: value for label, (value, _) in parsed.items()}, index=table.index)
+    table = table.astype(dict.fromkeys(present, object))  # the label cells as text, whichever way they were read
     if table.empty:
-        return ManifestCheck(table, ordered, ["line 1: a header without rows; the manifest lists no image"],
-                             pd.DataFrame({c: np.empty(0) for c in present}, index=table.index))  # fmt: skip
+        return ManifestCheck(table, ordered, ["line 1: a header without rows; the manifest lists no image"], values)
     problems = _column_problems(table, task, known_findings, extra_columns)
     problems += _id_problems(table)
     problems += _split_problems(table, splits)
-    for label in present:
-        values[label], bad = parse_manifest_labels(table[label])
+    for label, (_, bad) in parsed.items():
         problems += listed(f"bad values in {label!r}", [f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} "
                                                         f"{NOT_A_MANIFEST_LABEL}" for i in bad])  # fmt: skip
     if image_roots is not None:
@@ -264,7 +292,7 @@ def check_manifest(
             [f"line {csv_line(i)}, column 'path': image file not found: {root / table.at[i, 'path']}"
              for i in missing_files(root, table["path"].to_numpy(dtype=object))],
         )  # fmt: skip
-    return ManifestCheck(table, ordered, problems, pd.DataFrame(values, index=table.index))
+    return ManifestCheck(table, ordered, problems, values)
 
 
 def load_manifest(
