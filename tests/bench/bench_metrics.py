@@ -12,7 +12,12 @@ Both must agree on the point estimates and on the timed resamples' mAP/mAUROC. T
 with 1,000 resamples, reporting its time and peak memory (tracemalloc peak of allocations made during the call,
 and the process's peak resident set size).
 
-Run: ``python tests/bench/bench_metrics.py`` (``--skip-large`` to leave out the 150k run).
+Last, the landed bootstrap path (``tests/bench/legacy_suite.py``, frozen) and the current one run side by side on
+the same 150,000 x 30 input with 1,000 resamples drawn within two sources, as ``make bench-scale``'s test phase
+calls it; the ratio and the largest difference between their replicates and CIs are printed (issue 31: >= 4x).
+
+Run: ``python tests/bench/bench_metrics.py`` (``--skip-large`` to leave out the 150k runs, ``--compare-only`` for
+just the side-by-side comparison).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from evaluation.bootstrap import resample_indices  # noqa: E402
 from evaluation.suite import compute_suite  # noqa: E402
+from tests.bench.legacy_suite import legacy_compute_suite  # noqa: E402
 
 
 def synthetic(n: int, n_classes: int = 30, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -115,6 +121,30 @@ def bench_large(args: argparse.Namespace) -> None:
           f"{inputs_mb:.0f} MiB not included), process peak RSS {rss:.0f} MiB")  # fmt: skip
 
 
+def bench_compare(args: argparse.Namespace) -> None:
+    """Landed vs current bootstrap on one input, timed one after the other in this process."""
+    targets, probs, labels = synthetic(args.large_n, seed=1)
+    sources = np.where(np.arange(args.large_n) % 3 == 0, "nih", "padchest")  # two strata
+    start = time.perf_counter()
+    old = legacy_compute_suite(targets, probs, labels, n_boot=args.n_boot, seed=0, strata=sources)
+    old_s = time.perf_counter() - start
+    start = time.perf_counter()
+    new = compute_suite(targets, probs, labels, n_boot=args.n_boot, seed=0, strata=sources)
+    new_s = time.perf_counter() - start
+    replicate_diff = max(
+        float(np.nanmax(np.abs(new.replicates[k] - old.replicates[k]), initial=0.0)) for k in old.replicates
+    )
+    same_nan = all(np.array_equal(np.isnan(new.replicates[k]), np.isnan(old.replicates[k])) for k in old.replicates)
+    ci_keys = [k for k in old.metrics if k.endswith(("_ci_low", "_ci_high"))]
+    ci_diff = max(abs(new.metrics[k] - old.metrics[k]) for k in ci_keys)
+    print(f"bootstrap {args.large_n} x {len(labels)}, {args.n_boot} resamples within 2 sources: landed "
+          f"{old_s:.2f} s | current {new_s:.2f} s | speed-up {old_s / new_s:.2f}x (target >= 4x)")  # fmt: skip
+    print(f"agreement: max |diff| replicates {replicate_diff:.1e}, CIs {ci_diff:.1e} over {len(ci_keys)} bounds, "
+          f"same undefined resamples: {same_nan}")  # fmt: skip
+    if replicate_diff > 1e-12 or ci_diff > 1e-12 or not same_nan:
+        raise SystemExit("FAIL: current and landed bootstrap disagree")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-boot", type=int, default=1000)
@@ -122,10 +152,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--large-n", type=int, default=150_000)
     parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--compare-only", action="store_true", help="only the landed-vs-current 150k comparison")
     args = parser.parse_args()
-    bench_small(args)
+    if not args.compare_only:
+        bench_small(args)
     if not args.skip_large:
-        bench_large(args)
+        if not args.compare_only:
+            bench_large(args)
+        bench_compare(args)
 
 
 if __name__ == "__main__":
