@@ -170,7 +170,6 @@ class ClassPlan:
             residual=out[s + g :],  # (n_bins, b)
         )
 
-
     @cached_property
     def ranking_matrix(self) -> sp.csr_matrix:
         """``(S + G, N)`` int64 0/1 rows of ``matrix`` (segment negatives, group positives): sums packed counts."""

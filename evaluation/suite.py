@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 import scipy.sparse as sp
 
 from evaluation.bootstrap import iter_count_chunks, percentile_ci, strata_members

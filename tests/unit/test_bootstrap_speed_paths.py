@@ -36,7 +36,9 @@ def _assert_same(new, old):
 def test_packed_path_equals_the_landed_path(seed, stratified):
     targets, probs, labels, strata = _data(seed)
     kwargs = dict(n_boot=37, seed=seed, val_thresholds=[0.3] * len(labels), strata=strata if stratified else None)
-    _assert_same(compute_suite(targets, probs, labels, **kwargs), legacy_compute_suite(targets, probs, labels, **kwargs))
+    _assert_same(
+        compute_suite(targets, probs, labels, **kwargs), legacy_compute_suite(targets, probs, labels, **kwargs)
+    )
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 5, 12, 37, 100])
