@@ -414,12 +414,11 @@ def _column_problems(table, labels, known_findings, extra_columns) -> list[str]:
 def _id_problems(table) -> list[str]:
     problems = []
     for column in ("image_id", "patient_id"):
-        values = table[column]  # stripped on reading: mangled_ids' own strip would be a second pass for nothing
+        values = table[column]  # stripped on reading
         empty = values.index[values == ""]
-        mangled = values.index[values.str.match(SCIENTIFIC)]
         problems += listed(f"empty {column}s", [f"line {csv_line(i)}, column {column!r}: empty" for i in empty])
         problems += listed(f"mangled {column}s", [mangled_id_problem(f"line {csv_line(i)}, column {column!r}",
-                                                                     values[i]) for i in mangled])  # fmt: skip
+                                                                     values[i]) for i in mangled_ids(values)])  # fmt: skip
     duplicated = table[table["image_id"].duplicated(keep=False) & (table["image_id"] != "")]
     problems += listed("duplicated ids", [
         f"column 'image_id': {image_id!r} duplicated on lines {[csv_line(i) for i in rows.index]}"
