@@ -1,15 +1,22 @@
-"""Bootstrap count vectors packed several resamples to an int64, so one sparse product sums three resamples at once.
+"""Bootstrap count vectors packed several resamples to an int64, so one sparse product sums many resamples at once.
 
-Why: the suite's cost at scale is the per-class sparse product mapping image counts to segment weights
-(``evaluation.ranking``): ``N x C`` random reads of a count row per chunk of resamples. Every quantity it needs
-from the counts -- a segment's weight, a prefix sum of segments -- is a sum of counts of one resample, at most the
-``N`` draws of that resample. With ``bits`` such that ``2**bits > N``, resamples ``r`` can share one int64 as
-``sum_l count_l << (l * bits)``: integer sums of packed values never carry from one lane into the next, so the
-product, the prefix sums and the unpacking are exact, bit for bit the integers a float64 product gives, with a third
-of the reads and multiply-adds (three lanes of 21 bits or fewer for ``N < 2**21``).
+Why: the suite's cost at scale is the sparse product mapping image counts to segment weights
+(``evaluation.ranking.SuiteRanking``): ``N x C`` random reads of a count row per chunk of resamples. Every quantity it
+needs from the counts is an integer sum of counts of one resample, so resamples can share an int64 as bit fields
+(lanes): integer sums never carry from one lane into the next as long as every sum stays below ``2**bits``.
 
-Column ``j``, lane ``l`` of a packed ``(N, width)`` array holds resample ``j * lanes + l`` of the chunk, so unpacking
-writes each resample back in order.
+Two lane widths, because the product and the prefix sums have different bounds:
+
+* the product runs on narrow lanes (``NARROW_BITS`` = 7, up to 9 resamples per int64). A product row sums at most
+  ``ROW_IMAGES`` images and each count is clipped to ``CLIP`` in the packed copy, so a row's sum is at most
+  ``ROW_IMAGES * CLIP`` = 126 < 2**7. The few counts above ``CLIP`` (about one image in 10^5 per resample) are added
+  back exactly afterwards (``SuiteRanking``), so nothing is lost.
+* prefix sums over a class reach the resample's ``N`` draws, so after the product the lanes are spread apart
+  (``LanePacking.widen``: a shift and a mask per int64) into wide lanes of ``group * 7`` bits with ``2**bits > N``.
+
+Both steps are exact integer arithmetic, so unpacking gives bit for bit the integers a float64 product gives. Lane
+``l`` of packed column ``j`` holds resample ``j * lanes + l``; narrow lane ``l`` lands in wide group ``l % group``,
+wide lane ``l // group``, and ``unpack`` writes every resample back in order.
 """
 
 from __future__ import annotations
@@ -19,44 +26,107 @@ from dataclasses import dataclass
 import numpy as np
 
 INT_BITS = 63  # an int64 holds sums below 2**63 without the sign bit
+NARROW_BITS = 7
+MAX_NARROW_LANES = INT_BITS // NARROW_BITS  # 9
+ROW_IMAGES = 18
+"""Most images one product row sums (longer segments are cut into several rows)."""
+CLIP = (2**NARROW_BITS - 1) // ROW_IMAGES
+"""Largest count stored in a narrow lane (7): ``ROW_IMAGES * CLIP`` stays below ``2**NARROW_BITS``."""
 
 
 @dataclass(frozen=True)
-class Packing:
-    """How ``n`` resamples of sums up to ``max_sum`` share int64 lanes."""
+class LanePacking:
+    """Narrow lanes for the product, wide lanes for prefix sums up to ``max_sum``.
 
-    n: int  # resamples in the chunk
-    bits: int  # lane width: 2**bits > every sum
-    lanes: int  # resamples per int64
-    width: int  # packed columns, ceil(n / lanes)
+    Attributes:
+        bits: bits a wide lane needs (``2**bits > max_sum``).
+        group: narrow lanes per wide lane spacing (wide lanes are ``group * NARROW_BITS`` bits apart).
+        per_group: wide lanes per int64 (``per_group - 1`` full spacings plus ``bits`` fit 63 bits).
+        lanes: resamples per packed int64, ``group * per_group``.
+    """
+
+    bits: int
+    group: int
+    per_group: int
 
     @classmethod
-    def for_sums(cls, n: int, max_sum: int) -> Packing:
+    def for_sums(cls, max_sum: int) -> LanePacking:
         bits = max(int(max_sum).bit_length(), 1)
         if bits > INT_BITS:
             raise ValueError(f"sums up to {max_sum} do not fit an int64 lane")
-        lanes = max(1, min(INT_BITS // bits, int(n)))
-        return cls(n=int(n), bits=bits, lanes=lanes, width=-(-int(n) // lanes))
+        group = -(-bits // NARROW_BITS)
+        spacing = group * NARROW_BITS
+        per_group = min((INT_BITS - bits) // spacing + 1, MAX_NARROW_LANES // group)
+        return cls(bits=bits, group=group, per_group=max(per_group, 1))
 
-    def pack(self, counts: np.ndarray) -> np.ndarray:
-        """``(n, N)`` non-negative integer counts -> ``(N, width)`` C-contiguous int64 (resample last)."""
-        counts = np.asarray(counts)
-        if counts.shape[0] != self.n:
-            raise ValueError(f"expected {self.n} resamples, got counts of shape {counts.shape}")
-        out = np.zeros((counts.shape[1], self.width), dtype=np.int64)  # (N, width)
-        for lane in range(self.lanes):
-            rows = counts[lane :: self.lanes]  # resamples lane, lane + lanes, ... -> columns 0, 1, ...
-            out[:, : len(rows)] |= rows.T.astype(np.int64) << (lane * self.bits)
+    @property
+    def lanes(self) -> int:
+        return self.group * self.per_group
+
+    @property
+    def spacing(self) -> int:
+        return self.group * NARROW_BITS
+
+    def width(self, n: int) -> int:
+        """Packed columns for ``n`` resamples (the last one padded with empty resamples)."""
+        return -(-int(n) // self.lanes)
+
+    def pack(self, counts: np.ndarray, out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
+        """``(n, N)`` counts in ``[0, CLIP]`` -> ``(N, width)`` C-contiguous int64 narrow lanes (resample last).
+
+        ``out`` (``(N, width)``) and ``scratch`` (``(width + 1, N)``) int64 arrays are reused when given: fresh
+        arrays of this size cost page faults every chunk.
+        """
+        n, n_items = counts.shape
+        width = self.width(n)
+        if scratch is None:
+            scratch = np.empty((width + 1, n_items), dtype=np.int64)
+        packed, shifted = scratch[:width], scratch[width]  # packed column j is row j here, transposed at the end
+        packed[:] = 0
+        for r in range(n):
+            np.left_shift(counts[r], (r % self.lanes) * NARROW_BITS, out=shifted)
+            np.bitwise_or(packed[r // self.lanes], shifted, out=packed[r // self.lanes])
+        if out is None:
+            return np.ascontiguousarray(packed.T)
+        np.copyto(out, packed.T)
         return out
 
-    def unpack(self, packed: np.ndarray) -> np.ndarray:
-        """``(K, width)`` int64 sums -> ``(K, n)`` float64 (exact: each lane is an integer below ``2**bits``)."""
-        out = np.empty((packed.shape[0], self.width, self.lanes))  # (K, width, lanes)
-        lane_bits = np.empty(packed.shape, dtype=np.int64)  # (K, width)
-        for lane in range(self.lanes):
-            np.right_shift(packed, lane * self.bits, out=lane_bits)
-            if lane + 1 < self.lanes:  # the top lane has nothing above it
-                np.bitwise_and(lane_bits, (1 << self.bits) - 1, out=lane_bits)
-            out[:, :, lane] = lane_bits
-        out = out.reshape(packed.shape[0], self.width * self.lanes)
-        return out[:, : self.n] if self.n < out.shape[1] else out
+    def widen(self, narrow: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``(K, width)`` narrow-lane sums -> ``(K, width * group)`` int64 wide lanes (prefix sums run down axis 0).
+
+        Group ``r`` keeps narrow lanes ``r, r + group, ...``: shifted down by ``r * 7`` bits they sit ``spacing``
+        bits apart, each below ``2**7``, the rest masked off. Column ``j * group + r`` holds group ``r`` of packed
+        column ``j``. ``out``: a ``(K, width * group)`` int64 array to write into.
+        """
+        mask = sum(((1 << NARROW_BITS) - 1) << (q * self.spacing) for q in range(self.per_group))
+        shifts = np.arange(self.group, dtype=np.int64) * NARROW_BITS
+        k, width = narrow.shape
+        out = np.empty((k, width * self.group), dtype=np.int64) if out is None else out
+        lanes = out.reshape(k, width, self.group)
+        np.right_shift(narrow[:, :, None], shifts, out=lanes)
+        np.bitwise_and(lanes, mask, out=lanes)
+        return out
+
+    def column_resamples(self, width: int) -> np.ndarray:
+        """Resample held by each column of ``unpack``'s output: column ``q * width * group + j * group + r`` is
+        wide lane ``q`` of widened column ``j * group + r``, i.e. narrow lane ``q * group + r`` of packed column ``j``.
+        """
+        q, j, r = np.meshgrid(np.arange(self.per_group), np.arange(width), np.arange(self.group), indexing="ij")
+        return (j * self.lanes + q * self.group + r).ravel()
+
+    def unpack(self, wide: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``(K, width * group)`` wide-lane integers -> ``(K, width * lanes)`` float64, columns as ``column_resamples``
+        (exact). Lanes are written one contiguous block per row: order does not matter to sums over rows.
+        ``out``: a ``(K, width * lanes)`` float64 array (or view) to write into."""
+        k, columns = wide.shape
+        out = np.empty((k, self.per_group * columns)) if out is None else out
+        blocks = out.reshape(k, self.per_group, columns)
+        lane_mask = (1 << self.spacing) - 1
+        lane = np.empty_like(wide) if self.per_group > 1 else wide
+        for q in range(self.per_group):
+            if q:
+                np.right_shift(wide, q * self.spacing, out=lane)
+            if q + 1 < self.per_group:  # the top lane has nothing above it
+                np.bitwise_and(lane if q else wide, lane_mask, out=lane)
+            blocks[:, q] = lane
+        return out

@@ -8,11 +8,13 @@ and a negative); entries with target -1 are left out per class. Every macro mean
 positive (AUROC: or without a negative) is left out of that resample's mean.
 
 Why it is fast: each class is sorted once; a resample is a vector of per-image counts, and every metric of the
-resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``). Per class, a
-chunk of resamples is one sparse product mapping image counts to a few segment weights (about three per positive),
-then prefix sums over those segments and fixed-position reads. Memory is bounded by the chunk size whatever
-``n_boot`` is. The per-resample, per-class values are kept, so macro CIs of any subset of classes (head-to-tail
-groups) reuse the same resamples.
+resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``). A chunk of
+resamples is two sparse products for all classes at once: the ranking rows (segment weights, about three rows per
+positive) on counts packed nine resamples per int64 (``evaluation.packed_counts``, exact integers), then prefix sums
+and reads of the few rows the metrics need, class by class while its rows are in cache; and the calibration rows on
+float64 counts. Memory is bounded by the chunk size whatever ``n_boot`` is. The per-resample, per-class values are
+kept, so macro CIs of any subset of classes (head-to-tail groups) reuse the same resamples. The replicates are the
+landed path's bit for bit (``tests/unit/test_bootstrap_speed_paths.py`` against ``tests/bench/legacy_suite.py``).
 
 Which metrics: those of ``evaluation.metric_registry.SUITE``, read on every call. Each per-class entry is a function
 of one class's statistics for a chunk (``ClassChunk``), so adding a metric is one function and one registry entry.
@@ -22,14 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
 
-from evaluation.bootstrap import iter_count_chunks, percentile_ci, strata_members
+from evaluation.bootstrap import percentile_ci, strata_members, stratum_count_rows
 from evaluation.metric_registry import SUITE, ClassChunk, SuiteMetric
-from evaluation.packed_counts import Packing
-from evaluation.ranking import N_BINS, ClassPlan
+from evaluation.packed_counts import LanePacking
+from evaluation.ranking import N_BINS, ClassStats, RankingChunk, SuiteRanking, calibration_bin
 from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
 
 MACRO_NAMES: dict[str, str] = SUITE.macro_names()
@@ -185,10 +188,57 @@ def validate_inputs(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str
     return targets.astype(np.int8), probs
 
 
+class _SummaryStats:
+    """``ClassStats`` of one class in a packed chunk: the totals and calibration sums the registered metrics read are
+    at hand; the full prefix sums (``neg_cum``, ``pos``, ``tp_cum``) are unpacked only if a metric asks for them."""
+
+    def __init__(self, chunk: RankingChunk, c: int, residual: np.ndarray):
+        self._chunk, self._c = chunk, c
+        self.residual = residual
+        self.positives, self.negatives = chunk.positives[c], chunk.negatives[c]
+        self.total = self.positives + self.negatives
+
+    @cached_property
+    def _full(self) -> ClassStats:
+        return self._chunk.stats(self._c, self.residual)
+
+    @property
+    def neg_cum(self) -> np.ndarray:
+        return self._full.neg_cum
+
+    @property
+    def pos(self) -> np.ndarray:
+        return self._full.pos
+
+    @property
+    def tp_cum(self) -> np.ndarray:
+        return self._full.tp_cum
+
+
+class _PackedClassChunk(ClassChunk):
+    """``ClassChunk`` whose AP/AUROC and threshold confusions come from the chunk's stacked statistics."""
+
+    def __init__(self, chunk: RankingChunk, c: int, residual: np.ndarray, threshold: float, val_threshold):
+        super().__init__(chunk.ranking.layouts[c], _SummaryStats(chunk, c, residual), threshold, val_threshold)
+        self._chunk, self._c = chunk, c
+
+    @cached_property
+    def ap_auroc(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._chunk.ap_auroc(self._c)
+
+    def confusion(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if float(threshold) not in self.plan.thresholds:
+            raise ValueError(f"threshold {threshold} was not planned; the plan has {self.plan.thresholds}")
+        t = self.plan.thresholds.index(float(threshold))
+        return self._chunk.tp[self._c, t], self._chunk.fp[self._c, t], self.stats.positives
+
+
 def _evaluate(
-    plans: list[ClassPlan],
+    ranking: SuiteRanking,
     residual_matrix: sp.csc_matrix,
+    image_columns: np.ndarray | None,
     counts: np.ndarray,
+    work: dict[str, np.ndarray],
     threshold: float,
     val_thresholds: np.ndarray | None,
     per_class: tuple[SuiteMetric, ...],
@@ -196,42 +246,66 @@ def _evaluate(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Every registered metric for a chunk of integer counts ``(b, N)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
 
-    Two products per chunk: each class's 0/1 ranking rows on the packed counts (three resamples per int64, exact;
-    ``evaluation.packed_counts``), and one product of every class's calibration rows, stacked, on float64 counts
-    (its columns are images, read in order). A class without a labelled entry is left out of everything; a pooled
-    metric over no labelled pair is NaN.
+    Two products per chunk: every class's ranking rows on the packed counts (``SuiteRanking``, exact integers), and
+    every class's calibration rows on float64 counts put back in image order (``image_columns``: column of each
+    image in ``counts``, ``None`` when they are the same), summed in the landed order (``_residual_matrix``). A class
+    without a labelled entry is left out of everything; a pooled metric over no labelled pair is NaN. ``work`` keeps
+    the float64 count arrays from chunk to chunk (fresh ones cost page faults every chunk).
     """
     b, n_items = counts.shape
-    n_classes = len(plans)
-    packing = Packing.for_sums(b, n_items)  # every sum of one resample's counts is at most its N draws
-    packed = packing.pack(counts)  # (N, width)
-    residuals = residual_matrix @ np.ascontiguousarray(counts.T, dtype=np.float64)  # (C * n_bins, b)
+    n_classes = len(ranking.layouts)
+    by_column = work.get("by_column")
+    if by_column is None or by_column.shape != (n_items, b):
+        by_column = work["by_column"] = np.empty((n_items, b))
+        work["by_image"] = np.empty((n_items, b))
+    np.copyto(by_column, counts.T)  # (N, b) float64, rows in column order
+    by_image = by_column
+    if image_columns is not None:
+        by_image = np.take(by_column, image_columns, axis=0, out=work["by_image"])  # rows in image order
+    residuals = residual_matrix @ by_image  # (C * n_bins, b)
+    stats = ranking.chunk(counts)  # clips counts in place
     out = {metric.key: np.full((b, n_classes), np.nan) for metric in per_class}
     sums: dict[str, np.ndarray] = {}  # pooled name -> statistics summed over the classes so far
-    row = 0
-    for c, plan in enumerate(plans):
-        residual, row = residuals[row : row + plan.n_bins], row + plan.n_bins
-        if plan.n_labelled == 0:
+    for c, layout in enumerate(ranking.layouts):
+        if layout.n_labelled == 0:
             continue
+        residual = residuals[c * layout.n_bins : (c + 1) * layout.n_bins]
         val_threshold = None if val_thresholds is None else float(val_thresholds[c])
-        chunk = ClassChunk(plan, plan.packed_stats(packed, packing, residual), threshold, val_threshold)
+        chunk = _PackedClassChunk(stats, c, residual, threshold, val_threshold)
         for metric in per_class:
             out[metric.key][:, c] = metric.compute(chunk)
         for metric in pooled:
-            stats = metric.compute(chunk)
-            sums[metric.name] = sums[metric.name] + stats if metric.name in sums else stats
+            value = metric.compute(chunk)
+            sums[metric.name] = sums[metric.name] + value if metric.name in sums else value
     nan = np.full(b, np.nan)
     return out, {m.name: m.reduce(sums[m.name]) if m.name in sums else nan.copy() for m in pooled}
 
 
-PACKED_BYTES = 4 * 2**20
-"""Target size of one chunk's packed ``(N, width)`` int64 counts, the array every class's ranking product reads at
-random: small enough to stay in cache (at N = 150,000 it gives 4 packed columns, 12 resamples)."""
+def _residual_matrix(targets: np.ndarray, probs: np.ndarray, n_bins: int) -> sp.csc_matrix:
+    """``(C * n_bins, N)`` rows of ``y - p`` per class and calibration bin; columns are the images in input order.
+
+    Why CSC in image order: the product then reads the count rows in order (they are the largest array of the
+    chunk) and adds each image into its rows in ascending image order, the order the landed per-class matrices
+    summed them, so the calibration sums are the landed ones bit for bit.
+    """
+    n_items, n_classes = probs.shape
+    labelled = targets >= 0  # (N, C)
+    rows = np.arange(n_classes) * n_bins + calibration_bin(probs, n_bins)  # (N, C), classes ascending per image
+    data = (targets == 1).astype(np.float64) - probs
+    indptr = np.zeros(n_items + 1, dtype=np.int64)
+    np.cumsum(labelled.sum(axis=1), out=indptr[1:])
+    return sp.csc_matrix((data[labelled], rows[labelled], indptr), shape=(n_classes * n_bins, n_items))
+
+
+PACKED_BYTES = 5 * 2**20
+"""Target size of one chunk's packed ``(N, width)`` int64 counts, the array the ranking product reads at random
+(at N = 150,000 it gives 4 packed columns, 36 resamples): wider columns cost less per resample in the product, but
+the chunk's prefix-sum array grows with them."""
 
 
 def suite_chunk(n_items: int, n_boot: int, packed_bytes: int = PACKED_BYTES) -> int:
     """Resamples per chunk: as many packed columns as fit ``packed_bytes``, times the resamples per int64."""
-    lanes = Packing.for_sums(max(int(n_boot), 1), n_items).lanes
+    lanes = LanePacking.for_sums(n_items).lanes
     width = max(1, packed_bytes // (8 * max(int(n_items), 1)))
     return int(max(1, min(max(int(n_boot), 1), width * lanes)))
 
@@ -297,24 +371,33 @@ def compute_suite(
             _class_index(cls, labels)  # raises on an unknown class
     n_items, n_classes = probs.shape
     n_boot = int(n_boot)
-    strata_members(strata, n_items)  # raises on a strata array of the wrong length, with or without resamples
-
-    plans = []
-    for c in range(n_classes):
-        planned = (threshold,) if thresholds is None else (threshold, float(thresholds[c]))
-        plans.append(ClassPlan.build(targets[:, c], probs[:, c], thresholds=planned, n_bins=n_bins))
-
+    members = strata_members(strata, n_items)  # raises on a strata array of the wrong length
+    sizes = None if members is None else [len(m) for m in members]
+    columns = np.arange(n_items)  # column of each image in the count vectors: grouped by stratum
+    if members is not None:
+        columns[np.concatenate(members)] = np.arange(n_items)
+    planned = [(threshold,) if thresholds is None else (threshold, float(thresholds[c])) for c in range(n_classes)]
+    ranking = SuiteRanking(targets, probs, planned, columns, n_bins=n_bins)
+    residual_matrix = _residual_matrix(targets, probs, n_bins)
     registered = SUITE.per_class(val_thresholds=thresholds is not None), SUITE.pooled()
-    residual_matrix = sp.vstack([plan.residual_matrix for plan in plans]).tocsc()  # (C * n_bins, N)
+    image_columns = None if members is None else columns
     point, pooled_point = _evaluate(
-        plans, residual_matrix, np.ones((1, n_items), dtype=np.int64), threshold, thresholds, *registered
-    )
+        ranking, residual_matrix, image_columns, np.ones((1, n_items), dtype=np.int64), {}, threshold, thresholds,
+        *registered,
+    )  # fmt: skip
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
-        chunks = iter_count_chunks(n_items, n_boot, seed, chunk or suite_chunk(n_items, n_boot), strata, np.int64)
-        for rows, counts in chunks:
-            values, pooled = _evaluate(plans, residual_matrix, counts, threshold, thresholds, *registered)
+        step = chunk or suite_chunk(n_items, n_boot)
+        counts_buffer, work = np.empty((step, n_items), dtype=np.int64), {}
+        for start in range(0, n_boot, step):
+            rows = slice(start, min(start + step, n_boot))
+            counts = stratum_count_rows(
+                n_items, seed, rows.start, rows.stop, sizes, out=counts_buffer[: rows.stop - start]
+            )
+            values, pooled = _evaluate(
+                ranking, residual_matrix, image_columns, counts, work, threshold, thresholds, *registered
+            )
             for key, array in values.items():
                 replicates[key][rows] = array
             for name, array in pooled.items():

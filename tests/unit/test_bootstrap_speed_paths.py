@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.packed_counts import Packing
+from evaluation.packed_counts import CLIP, NARROW_BITS, ROW_IMAGES, LanePacking
+from evaluation.ranking import ClassPlan, SuiteRanking
 from evaluation.suite import compute_suite
 from tests.bench.legacy_suite import legacy_compute_suite
 
@@ -48,13 +49,43 @@ def test_replicates_do_not_depend_on_the_chunk_size(chunk):
     _assert_same(compute_suite(targets, probs, labels, n_boot=37, strata=strata, chunk=chunk), reference)
 
 
-@pytest.mark.parametrize(("n", "max_sum"), [(12, 150_000), (7, 10), (1, 5), (5, 2**25), (4, 2**40), (3, 2**62)])
-def test_packing_round_trips_sums_at_the_lane_limit(n, max_sum):
-    packing = Packing.for_sums(n, max_sum)
-    assert 2**packing.bits > max_sum and packing.lanes * packing.bits <= 63
+@pytest.mark.parametrize(("n", "n_items"), [(36, 150_000), (7, 10), (1, 5), (20, 240), (5, 2**22), (3, 2**40)])
+def test_lane_packing_sums_exactly_at_the_lane_limits(n, n_items):
+    packing = LanePacking.for_sums(n_items)
+    assert 2**packing.bits > n_items and (packing.per_group - 1) * packing.spacing + packing.bits <= 63
+    assert packing.lanes * NARROW_BITS <= 63
     rng = np.random.default_rng(n)
-    counts = rng.integers(0, 4, size=(n, 30))
-    counts[:, 0] = max_sum // 2  # two such rows summed reach max_sum - 1 or max_sum: no carry into the next lane
-    packed = packing.pack(counts)
-    np.testing.assert_array_equal(packing.unpack(packed), counts.T)
-    np.testing.assert_array_equal(packing.unpack(packed[:2].sum(axis=0, keepdims=True)), counts[:, :2].sum(1)[None])
+    counts = rng.integers(0, CLIP + 1, size=(n, 4 * ROW_IMAGES))
+    counts[:, :ROW_IMAGES] = CLIP  # a full row at the narrow limit: 126 < 2**7
+    rows = np.arange(4 * ROW_IMAGES) // ROW_IMAGES  # four rows of ROW_IMAGES images
+    narrow = np.zeros((4, packing.width(n)), dtype=np.int64)
+    np.add.at(narrow, rows, packing.pack(counts))  # what the sparse product sums
+    order = np.argsort(packing.column_resamples(packing.width(n)))  # column of each resample
+    unpacked = packing.unpack(packing.widen(narrow))[:, order]
+    np.testing.assert_array_equal(unpacked[:, :n].T, counts.reshape(n, 4, ROW_IMAGES).sum(axis=2))
+    # prefix sums up to n_items - 1 (every sum of one resample's counts is at most its n_items draws)
+    sums = rng.integers(0, n_items // 4 + 1, size=(n, 4))
+    sums[:, 0] = n_items - 1 - sums[:, 1:].sum(axis=1)
+    wide = np.zeros((4, packing.width(n) * packing.group), dtype=np.int64)
+    for r in range(n):
+        lane = r % packing.lanes
+        column = r // packing.lanes * packing.group + lane % packing.group
+        wide[:, column] += sums[r] << (lane // packing.group * packing.spacing)
+    np.testing.assert_array_equal(packing.unpack(np.cumsum(wide, axis=0))[:, order][:, :n].T, np.cumsum(sums, axis=1))
+
+
+def test_counts_above_the_clip_are_added_back():
+    """A count above CLIP (rare with Poisson(1) draws) is cut in the packed copy and added back exactly."""
+    targets, probs, labels, strata = _data(5, n=60)
+    counts = np.random.default_rng(0).integers(0, 3, size=(4, 60))
+    counts[1, 7], counts[3, 20] = 40, CLIP + 1
+    ranking = SuiteRanking(targets, probs, [(0.5,)] * len(labels), np.arange(60))
+    chunk = ranking.chunk(counts.copy())  # clips its argument in place
+    for c, layout in enumerate(ranking.layouts):
+        plan = ClassPlan.build(targets[:, c], probs[:, c], thresholds=(0.5,))
+        reference = plan.stats(np.ascontiguousarray(counts.T, dtype=np.float64))
+        full = chunk.stats(c, reference.residual)
+        np.testing.assert_array_equal(full.neg_cum, reference.neg_cum)
+        np.testing.assert_array_equal(full.tp_cum, reference.tp_cum)
+        np.testing.assert_array_equal(chunk.positives[c], reference.positives)
+        assert layout.n_groups == plan.n_groups and layout.n_segments == plan.n_segments
