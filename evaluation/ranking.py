@@ -393,6 +393,20 @@ def _class_rows(y: np.ndarray, p: np.ndarray, thresholds: Sequence[float], n_bin
     )
 
 
+def _leading_rows_with_zero(values: np.ndarray) -> int:
+    """Rows from the top of ``values`` (non-decreasing down each column, non-negative) that hold a 0."""
+    lo, hi = 0, len(values)
+    if not hi or values[0].min() > 0:  # the usual case past a class's first block
+        return 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid].min() == 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 GROUP_BLOCK_ELEMENTS = 2**16
 """Resamples x positive groups per block of AP/AUROC arithmetic: its few float64 arrays stay in cache."""
 
@@ -641,8 +655,11 @@ class RankingChunk:
                 if inside.any():
                     ties = packing.unpack(self.wide[tied_hi[inside]] - self.wide[tied_lo[inside]])
                     a_t += np.einsum("gb,gb->b", a[1 + tied[inside] - g0], ties)
-            # tp / predicted, 0 where nothing is predicted (then tp = 0, and 0 / tiny = 0):
-            np.maximum(p_cum, tiny, out=p_cum)
+            # tp / predicted, 0 where nothing is predicted (then tp = 0, and 0 / tiny = 0). P never decreases down
+            # the groups, so only a leading run of rows can hold a 0: found by bisection, not a pass over P.
+            zero_rows = _leading_rows_with_zero(p_cum)
+            if zero_rows:
+                np.maximum(p_cum[:zero_rows], tiny, out=p_cum[:zero_rows])
             np.divide(a_cum[1:], p_cum, out=a_cum[1:])
             a_cum[0] = ap_sum
             if self.b == 1:

@@ -261,7 +261,8 @@ def _evaluate(
     np.copyto(by_column, counts.T)  # (N, b) float64, rows in column order
     by_image = by_column
     if image_columns is not None:
-        by_image = np.take(by_column, image_columns, axis=0, out=work["by_image"])  # rows in image order
+        # rows in image order ("clip": with "raise", take buffers a copy of its output)
+        by_image = np.take(by_column, image_columns, axis=0, out=work["by_image"], mode="clip")
     residuals = residual_matrix @ by_image  # (C * n_bins, b)
     stats = ranking.chunk(counts)  # clips counts in place
     out = {metric.key: np.full((b, n_classes), np.nan) for metric in per_class}

@@ -56,7 +56,7 @@ def test_lane_packing_sums_exactly_at_the_lane_limits(n, n_items):
     assert packing.lanes * NARROW_BITS <= 63
     rng = np.random.default_rng(n)
     counts = rng.integers(0, CLIP + 1, size=(n, 4 * ROW_IMAGES))
-    counts[:, :ROW_IMAGES] = CLIP  # a full row at the narrow limit: 126 < 2**7
+    counts[:, :ROW_IMAGES] = CLIP  # a full row at the narrow limit: ROW_IMAGES * CLIP < 2**7
     rows = np.arange(4 * ROW_IMAGES) // ROW_IMAGES  # four rows of ROW_IMAGES images
     narrow = np.zeros((4, packing.width(n)), dtype=np.int64)
     np.add.at(narrow, rows, packing.pack(counts))  # what the sparse product sums
