@@ -636,14 +636,23 @@ class RankingChunk:
         ap_p, ap_a, a_t = np.zeros(b_pad), np.zeros(b_pad), np.zeros(b_pad)
         tiny = np.finfo(np.float64).tiny
         before = np.zeros(b_pad)  # A at the end of the previous block
+        scratch = ranking._scratch
+        width = self.wide.shape[1]
         for g0 in range(0, len(rows), step):
             g1 = min(g0 + step, len(rows))
-            cum_a = self.wide[rows[g0:g1]]
-            cum_all = cum_a + self.wide[f_rows[g0:g1]]  # A + F packed: every lane stays below 2**bits
-            a_cum = np.empty((g1 - g0 + 1, b_pad))  # row 0: the running AP sum's carrier (see above)
+            n = g1 - g0
+            if rows[g1 - 1] - rows[g0] == n - 1:  # groups of one row each: their rows are a range, no gather
+                cum_a = self.wide[rows[g0] : rows[g1 - 1] + 1]
+            else:
+                cum_a = np.take(self.wide, rows[g0:g1], axis=0, out=scratch("cum_a", (n, width), np.int64), mode="clip")
+            cum_all = np.take(
+                self.wide, f_rows[g0:g1], axis=0, out=scratch("cum_all", (n, width), np.int64), mode="clip"
+            )
+            cum_all += cum_a  # A + F packed: every lane stays below 2**bits
+            a_cum = scratch("a_cum", (n + 1, b_pad), np.float64)  # row 0: the running AP sum's carrier (see above)
             packing.unpack(cum_a, out=a_cum[1:])
-            p_cum = packing.unpack(cum_all)  # (n, b_pad)
-            a = np.empty_like(a_cum)
+            p_cum = packing.unpack(cum_all, out=scratch("p_cum", (n, b_pad), np.float64))  # (n, b_pad)
+            a = scratch("a", (n + 1, b_pad), np.float64)
             a[0] = 1.0
             np.subtract(a_cum[2:], a_cum[1:-1], out=a[2:])
             np.subtract(a_cum[1], before, out=a[1])
