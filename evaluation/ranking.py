@@ -353,14 +353,19 @@ def _class_rows(y: np.ndarray, p: np.ndarray, thresholds: Sequence[float], n_bin
     pos_groups = pos_group_of[group_last]
     pos_group_start, pos_group_end = starts[pos_groups], ends[pos_groups]
     cut_at = np.array([np.searchsorted(-ps, -float(t), side="right") for t in thresholds], dtype=np.int64)
-    cuts = np.unique(np.concatenate([np.array([0, n]), pos_group_start, pos_group_end + 1, cut_at]))
-    n_segments = max(len(cuts) - 1, 0)
-    starts_segment = np.zeros(n, dtype=np.int64)
-    starts_segment[cuts[1:-1]] = 1
-    segment = np.cumsum(starts_segment)  # (n,) segment of each sorted position
-    group_segment = np.searchsorted(cuts, pos_group_start).astype(np.int64)
+    # cuts as ClassPlan.build makes them (np.unique of 0, n, group starts, group ends + 1, thresholds), marked on
+    # the positions instead of sorted: cut_number[k] is how many cuts lie at or before position k
+    is_cut = np.zeros(n + 1, dtype=bool)
+    is_cut[[0, n]] = True
+    is_cut[pos_group_start] = True
+    is_cut[pos_group_end + 1] = True
+    is_cut[cut_at] = True
+    cut_number = np.cumsum(is_cut)
+    n_segments = max(int(cut_number[-1]) - 1, 0)
+    segment = cut_number[:n] - 1  # (n,) segment of each sorted position
+    group_segment = segment[pos_group_start].astype(np.int64)
     n_groups = len(group_segment)
-    cut_index = np.searchsorted(cuts, cut_at).astype(np.int64)
+    cut_index = (cut_number[cut_at] - 1).astype(np.int64)  # position of each threshold's cut among the cuts
     layout = ClassLayout(
         n_segments=n_segments,
         n_groups=n_groups,
