@@ -623,8 +623,8 @@ class RankingChunk:
         row ``1 * sum``, so blocks change nothing), and for ``b = 1`` over the whole class at once, as the landed
         point estimate did. AUROC needs ``sum_g a_g (F_g + F'_g)``, with ``F'_g`` the negative weight strictly above
         the group; it is ``2 sum_g a_g F_g - sum_g a_g t_g`` (``t_g``: negatives tied with the group, only for
-        groups that have any), and ``sum_g a_g F_g = sum_g a_g P_g - (W_pos**2 + sum_g a_g**2) / 2``. These are
-        sums of integers below ``2**53``, exact in float64 in any order, so the AUROC is the landed one exactly.
+        groups that have any). These are sums of integers below ``2**53``, exact in float64 in any order, so the AUROC
+        is the landed one exactly.
         """
         ranking = self.ranking
         packing = ranking.packing
@@ -638,7 +638,7 @@ class RankingChunk:
         b_pad = self.wide.shape[1] * packing.per_group
         step = len(rows) if self.b == 1 else max(1, GROUP_BLOCK_ELEMENTS // b_pad)
         ap_sum = np.zeros(b_pad)
-        ap_p, ap_a, a_t = np.zeros(b_pad), np.zeros(b_pad), np.zeros(b_pad)
+        a_f, a_t = np.zeros(b_pad), np.zeros(b_pad)
         tiny = np.finfo(np.float64).tiny
         before = np.zeros(b_pad)  # A at the end of the previous block
         scratch = ranking._scratch
@@ -650,20 +650,18 @@ class RankingChunk:
                 cum_a = self.wide[rows[g0] : rows[g1 - 1] + 1]
             else:
                 cum_a = np.take(self.wide, rows[g0:g1], axis=0, out=scratch("cum_a", (n, width), np.int64), mode="clip")
-            cum_all = np.take(
-                self.wide, f_rows[g0:g1], axis=0, out=scratch("cum_all", (n, width), np.int64), mode="clip"
-            )
-            cum_all += cum_a  # A + F packed: every lane stays below 2**bits
+            cum_f = np.take(self.wide, f_rows[g0:g1], axis=0, out=scratch("cum_f", (n, width), np.int64), mode="clip")
             a_cum = scratch("a_cum", (n + 1, b_pad), np.float64)  # row 0: the running AP sum's carrier (see above)
-            packing.unpack(cum_a, out=a_cum[1:])
-            p_cum = packing.unpack(cum_all, out=scratch("p_cum", (n, b_pad), np.float64))  # (n, b_pad)
+            lane = scratch("lane", (n * width,), np.int64)
+            packing.unpack(cum_a, out=a_cum[1:], work=lane)
+            p_cum = packing.unpack(cum_f, out=scratch("p_cum", (n, b_pad), np.float64), work=lane)  # F, (n, b_pad)
             a = scratch("a", (n + 1, b_pad), np.float64)
             a[0] = 1.0
             np.subtract(a_cum[2:], a_cum[1:-1], out=a[2:])
             np.subtract(a_cum[1], before, out=a[1])
             before = a_cum[-1].copy()
-            ap_p += np.einsum("gb,gb->b", a[1:], p_cum)
-            ap_a += np.einsum("gb,gb->b", a[1:], a[1:])
+            a_f += np.einsum("gb,gb->b", a[1:], p_cum)
+            np.add(p_cum, a_cum[1:], out=p_cum)  # P = A + F
             if len(tied):
                 inside = (tied >= g0) & (tied < g1)
                 if inside.any():
@@ -681,8 +679,8 @@ class RankingChunk:
                 ap_sum = np.full(b_pad, np.einsum("gb,gb->b", *column)[0])
             else:
                 ap_sum = np.einsum("gb,gb->b", a, a_cum)
-        ap_sum, ap_p, ap_a, a_t = ap_sum[self.order], ap_p[self.order], ap_a[self.order], a_t[self.order]
-        pairs = 2.0 * (ap_p - 0.5 * (w_pos * w_pos + ap_a)) - a_t  # sum_g a_g (F_g + F'_g)
+        ap_sum, a_f, a_t = ap_sum[self.order], a_f[self.order], a_t[self.order]
+        pairs = 2.0 * a_f - a_t  # sum_g a_g (F_g + F'_g)
         with np.errstate(invalid="ignore", divide="ignore"):
             ap = ap_sum / w_pos
             auroc = (w_neg * w_pos - 0.5 * pairs) / (w_pos * w_neg)
