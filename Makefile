@@ -17,7 +17,7 @@ TRACKING_URI = $(PY) -m training.tracking.uri
 ifndef V
 .SILENT:
 endif
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-realdata test-presets test-slow test-server lint format bench bench-scale clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-e2e test-realdata test-presets test-slow test-server lint format bench bench-scale clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -122,6 +122,9 @@ server: setup ## Team tracking server: PostgreSQL + basic auth + served artifact
 
 test: setup ## Fast default test suite (no slow, real-data or GPU tests)
 	$(PY) -m pytest
+
+test-e2e: setup ## The real commands end to end on CPU (trainings, tuning, make on trained runs); CI runs them after make test
+	$(PY) -m pytest -m 'e2e and not slow and not realdata and not gpu and not server and not browser and not presets'
 
 test-realdata: setup ## Tests on the real radiographs in ../shared/data
 	$(PY) -m pytest -m realdata

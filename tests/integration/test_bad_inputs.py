@@ -261,6 +261,7 @@ def _peak_memory_run(command: list[str], env: dict) -> tuple[subprocess.Complete
     return done, int(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("name", "preload"), [("zero-byte.png", "true"), ("bomb.png", "false"),
                                                pytest.param("no-pixels.dcm", "true", marks=pytest.mark.slow)])  # fmt: skip
 def test_training_ends_a_bad_image_in_one_named_message_and_no_run(tmp_path, run_env, name, preload):
@@ -279,6 +280,7 @@ def test_training_ends_a_bad_image_in_one_named_message_and_no_run(tmp_path, run
     assert _no_runs(run_env)
 
 
+@pytest.mark.e2e
 def test_data_check_reports_each_bad_input_by_line(tmp_path, run_env):
     """``make data-check``: the same refusals as training, each on its manifest line, exit 1, no traceback."""
     root = tmp_path / "data"

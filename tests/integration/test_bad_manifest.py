@@ -9,6 +9,8 @@ from mlflow import MlflowClient
 
 from tests.conftest import train_command
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 
 def _break_duplicate(table):
     table.loc[5, "image_id"] = table.loc[2, "image_id"]

@@ -19,6 +19,8 @@ from apps.benchmarks.framework.runner import draw_subsets
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from tests.conftest import PROJECT_ROOT, register_smoke_champion
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 METRIC_KEYS = ("auroc", "accuracy", "sensitivity", "specificity", "ap")
 PROTOCOL = load_protocol("pneumonia")
 

@@ -18,6 +18,8 @@ from tests.conftest import PROJECT_ROOT, register_smoke_champion
 from tests.reveal_data import write_reader_folder
 from tests.temporal_data import write_followup_folder
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 N_BOOT = 50
 
 

@@ -18,6 +18,8 @@ from tests.cxrlt2026_release import DEVELOPMENT, release_config, write_release
 from training.data.findings import TASK2_LABELS
 from training.data.label_names import ORGANISER_SPELLING
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 N_BOOT = 40
 
 

@@ -60,6 +60,7 @@ def ddp_run(tmp_path_factory):
     return tmp, client, client.search_runs([experiment.experiment_id]), output
 
 
+@pytest.mark.e2e
 def test_two_processes_write_one_run_with_each_epoch_once(ddp_run):
     tmp, client, runs, output = ddp_run
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output and "distributed_backend=gloo" in output  # really two processes
@@ -91,6 +92,7 @@ def best_model(ddp_run, tmp_path_factory):
     return run, cfg, datamodule, model, state
 
 
+@pytest.mark.e2e
 def test_validation_metric_covers_the_whole_split_once(ddp_run, best_model):
     _, client, _, _ = ddp_run
     run, _, datamodule, model, state = best_model
@@ -107,6 +109,7 @@ def test_validation_metric_covers_the_whole_split_once(ddp_run, best_model):
     assert run.data.metrics["val/mAP_best"] == pytest.approx(logged[state["epoch"]], abs=1e-6)
 
 
+@pytest.mark.e2e
 def test_test_map_equals_a_single_process_evaluation_of_the_best_checkpoint(best_model):
     run, cfg, datamodule, model, _ = best_model
     reference = evaluate(model, datamodule, cfg).metrics
@@ -155,6 +158,7 @@ if dist.is_initialized():
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["ok", "fail"])
 def test_ranks_started_together_get_rank_zero_facts_or_its_error(mode):
     """Under torchrun/SLURM the facts travel by broadcast; a rank 0 failure reaches the others instead of a hang."""

@@ -22,6 +22,8 @@ from tests.conftest import PROJECT_ROOT, train_command
 from training.data.images import read_grayscale
 from training.runs import read_config
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 SMOKE = ("debug=smoke", "data.subset={train:96,val:96,test:48}", "trainer.max_epochs=1", "evaluation.n_boot=20",
          "evaluation.per_source=false", "tta.enabled=false", "evaluation.perturbation.enabled=false",
          "evaluation.plots=false", "trainer.enable_progress_bar=false")  # fmt: skip

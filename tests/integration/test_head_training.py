@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from tests.conftest import train_tiny_manifest_run
 from training.runs import load_finished
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 # head -> (extra overrides, checkpoint keys only that head has)
 HEADS = {
     "ml_decoder": (("model.head.dim=16", "model.head.heads=2"), {"head.queries", "head.weight"}),

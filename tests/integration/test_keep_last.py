@@ -3,7 +3,11 @@ checkpoint's (what `make register` ranks by) is that epoch's validation value, n
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import train_tiny_manifest_run
+
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
 
 
 def test_keep_last_run_tests_and_ranks_its_final_epoch(make_manifest, tmp_path, run_env):

@@ -21,6 +21,8 @@ from training.runs import load_finished
 from training.tracking.artifacts import UnsafeArtifact
 from training.tracking.resume import RUN_KEY_TAG
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 
 def artifact_folder(client, run_id: str) -> Path:
     return Path(client.get_run(run_id).info.artifact_uri.removeprefix("file://"))

@@ -13,6 +13,8 @@ from mlflow import MlflowClient
 from tests.conftest import train_command
 from tests.process_budget import wait_working
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 EPOCHS = 4
 # Every per-epoch key the module logs (train/lr is scheduled by step, so it is the optimiser and scheduler state).
 EPOCH_KEYS = ("train/loss", "train/lr", "val/mAP", "val/mAUROC")

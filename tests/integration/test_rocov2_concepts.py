@@ -24,6 +24,8 @@ from apps.benchmarks.imageclef_concepts.scoring import read_concepts, read_run
 from tests.conftest import train_command
 from tests.rocov2_data import write_nih_standin, write_rocov2_release
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 MIN_COUNT = 3
 FAST = ("tta.enabled=false", "evaluation.perturbation.enabled=false", "evaluation.n_boot=50",
         "trainer.enable_progress_bar=false")  # fmt: skip

@@ -18,6 +18,8 @@ from training.models.routed import ViewRoutedClassifier
 from training.pipeline import build_datamodule
 from training.runs import load_finished
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 
 @pytest.fixture(scope="module")
 def routed_run(tmp_path_factory):

@@ -8,10 +8,13 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import PROJECT_ROOT
 from training.tracking.redaction import REDACTED
+
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
 
 
 def secret(index: int) -> str:

@@ -405,6 +405,7 @@ def test_bad_server_settings_stop_make_server_with_one_line(monkeypatch, tmp_pat
         main(["--workers", "0", "--dir", str(tmp_path), "--setup-only"])
 
 
+@pytest.mark.e2e
 def test_unreachable_server_at_start_fails_fast_and_creates_nothing(tmp_path):
     port = free_port()  # nothing listens there
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"}
@@ -420,6 +421,7 @@ def test_unreachable_server_at_start_fails_fast_and_creates_nothing(tmp_path):
     assert elapsed < 120, elapsed  # generous (interpreter start and imports); MLflow's retries alone take minutes
 
 
+@pytest.mark.e2e
 def test_secrets_passed_by_environment_appear_nowhere_in_the_run(tmp_path, run_env):
     secret, token = "pg-Secret-4b7e2d", "tok-Secret-91ce55"
     env = {**run_env, "CXRLT_DB_PASSWORD": secret, "MLFLOW_TRACKING_TOKEN": token}

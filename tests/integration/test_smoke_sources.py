@@ -57,6 +57,7 @@ def smoke_run(tmp_path: Path, run_env: dict, *overrides: str) -> tuple[str, Mlfl
     return done.stdout + done.stderr, MlflowClient(run_env["MLFLOW_TRACKING_URI"])
 
 
+@pytest.mark.e2e
 def test_smoke_runs_on_a_manifest(make_manifest, tmp_path, run_env):
     path = make_manifest(n=12)
     output, client = smoke_run(tmp_path, run_env, "data=manifest", f"data.source.manifest={path}")

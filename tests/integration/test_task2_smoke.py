@@ -22,6 +22,8 @@ from tests.conftest import train_command
 from training.data.findings import TASK1_LABELS, TASK2_LABELS
 from training.data.label_names import canonical_name
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 MACRO_KEYS = ("mAP", "mAUROC", "mF1", "mECE")
 
 

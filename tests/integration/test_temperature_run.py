@@ -21,6 +21,8 @@ from tests.conftest import train_command
 from training.pipeline import build_datamodule
 from training.runs import load_finished
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 
 @pytest.fixture(scope="module")
 def calibrated_run(tmp_path_factory):

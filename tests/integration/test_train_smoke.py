@@ -20,6 +20,8 @@ from tests.conftest import free_port, stop_process_group, train_command, wait_fo
 from training.data.findings import TASK1_LABELS
 from training.data.manifest import file_fingerprint
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 MODELS = ("regnetx_004", "resnet18")
 
 

@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 from tests.tune_support import TINY, prepare_data, tune_command
 from training.tuning.study import TrialBudget, build_storage
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                                     optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)  # fmt: skip
 TRIALS = 2

@@ -29,6 +29,8 @@ from tests.tune_support import tune_command
 from training.data.findings import TASK1_LABELS
 from training.data.label_names import ORGANISER_SPELLING
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 SMOKE = ("debug=smoke", "data.subset={train:96,val:64,test:32}", "trainer.max_epochs=2", "evaluation.n_boot=20",
          "evaluation.per_source=false")  # fmt: skip
 

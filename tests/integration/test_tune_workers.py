@@ -9,9 +9,12 @@ import re
 import subprocess
 
 import optuna
+import pytest
 from mlflow import MlflowClient
 
 from tests.tune_support import TINY, prepare_data, trained_trials, tune_command
+
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
 
 TRIALS = 6
 

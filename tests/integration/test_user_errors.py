@@ -17,6 +17,8 @@ from mlflow import MlflowClient
 from tests.conftest import PROJECT_ROOT
 from training.data.findings import TASK1_LABELS
 
+pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
+
 
 def run(*args: str, env: dict, timeout: int = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,

@@ -121,6 +121,7 @@ def test_an_explicit_run_is_registered_and_said_to_be_incomparable_with_the_cham
             "set bbbbbbbbbbbb, the champion's aaaaaaaaaaaa") in caplog.text  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_python_m_apps_registry_prints_the_ranking_and_the_exclusions(store):
     ids = issue_store(store)
     done = subprocess.run([sys.executable, "-m", "apps.registry", "--task", "task1"], env=_env(store),

@@ -45,6 +45,7 @@ def _first_use(barrier, root: str, index: int, results) -> None:
         results.put((index, -1, traceback.format_exc()[-1500:]))
 
 
+@pytest.mark.e2e
 def test_processes_creating_one_fresh_store_together_all_succeed(tmp_path):
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(PROCESSES), context.Queue()
@@ -69,6 +70,7 @@ def test_processes_creating_one_fresh_store_together_all_succeed(tmp_path):
         assert (experiments, metrics, versions) == (1, PROCESSES, 1)  # one schema, one experiment, every run's metric
 
 
+@pytest.mark.e2e
 def test_training_opens_its_store_only_once_it_holds_the_store_lock(tmp_path, monkeypatch):
     """``open_session`` (training's first contact with the store) waits for the lock before anything opens the
     database, Lightning's logger included, and then creates the experiment and the run."""
