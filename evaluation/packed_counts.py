@@ -94,34 +94,42 @@ class LanePacking:
         return out
 
     def widen(self, narrow: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """``(K, width)`` narrow-lane sums -> ``(K, width * group)`` int64 wide lanes (prefix sums run down axis 0).
+        """``(K, width)`` narrow-lane sums -> ``(group, K, width)`` int64 wide lanes, one plane per group.
 
         Group ``r`` keeps narrow lanes ``r, r + group, ...``: shifted down by ``r * 7`` bits they sit ``spacing``
-        bits apart, each below ``2**7``, the rest masked off. Column ``j * group + r`` holds group ``r`` of packed
-        column ``j``. ``out``: a ``(K, width * group)`` int64 array to write into.
+        bits apart, each below ``2**7``, the rest masked off. Why planes: each group is then one contiguous pass,
+        and prefix sums down a plane run on contiguous rows (measured twice as fast as interleaved groups at
+        150,000 x 30). ``out``: a ``(group, K, width)`` int64 array (or view with contiguous planes) to write into.
         """
         mask = sum(((1 << NARROW_BITS) - 1) << (q * self.spacing) for q in range(self.per_group))
-        k, width = narrow.shape
-        out = np.empty((k, width * self.group), dtype=np.int64) if out is None else out
-        lanes = out.reshape(k * width, self.group)  # one long strided loop per group, not k * width short ones
-        source = narrow.reshape(k * width)
+        out = np.empty((self.group, *narrow.shape), dtype=np.int64) if out is None else out
         for r in range(self.group):
             if r:
-                np.right_shift(source, r * NARROW_BITS, out=lanes[:, r])
-                np.bitwise_and(lanes[:, r], mask, out=lanes[:, r])
+                np.right_shift(narrow, r * NARROW_BITS, out=out[r])
+                np.bitwise_and(out[r], mask, out=out[r])
             else:
-                np.bitwise_and(source, mask, out=lanes[:, r])
+                np.bitwise_and(narrow, mask, out=out[r])
+        return out
+
+    @staticmethod
+    def rows(planes: np.ndarray, index: np.ndarray | slice, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``index`` of ``(group, K, width)`` planes as ``(n, group * width)`` int64 (column ``r * width + j``),
+        the input ``unpack`` takes."""
+        picked = planes[:, index] if isinstance(index, slice) else np.take(planes, index, axis=1, mode="clip")
+        n = picked.shape[1]
+        out = np.empty((n, picked.shape[0] * picked.shape[2]), dtype=np.int64) if out is None else out
+        out.reshape(n, picked.shape[0], picked.shape[2])[:] = picked.transpose(1, 0, 2)
         return out
 
     def column_resamples(self, width: int) -> np.ndarray:
-        """Resample held by each column of ``unpack``'s output: column ``(j * group + r) * per_group + q`` is wide
-        lane ``q`` of widened column ``j * group + r``, i.e. narrow lane ``q * group + r`` of packed column ``j``.
+        """Resample held by each column of ``unpack(rows(...))``: column ``(r * width + j) * per_group + q`` is wide
+        lane ``q`` of plane ``r``, packed column ``j``, i.e. narrow lane ``q * group + r`` of packed column ``j``.
         """
-        j, r, q = np.meshgrid(np.arange(width), np.arange(self.group), np.arange(self.per_group), indexing="ij")
+        r, j, q = np.meshgrid(np.arange(self.group), np.arange(width), np.arange(self.per_group), indexing="ij")
         return (j * self.lanes + q * self.group + r).ravel()
 
     def unpack(self, wide: np.ndarray, out: np.ndarray | None = None, work: np.ndarray | None = None) -> np.ndarray:
-        """``(K, width * group)`` wide-lane integers -> ``(K, width * lanes)`` float64, columns as ``column_resamples``
+        """``(K, group * width)`` wide-lane integers -> ``(K, width * lanes)`` float64, columns as ``column_resamples``
         (exact; order does not matter to sums over rows). ``out``: a ``(K, width * lanes)`` float64 array (or a
         view with contiguous rows) to write into; ``work``: at least ``K * width * group`` int64 for one lane (fresh
         ones of this size cost page faults, measured 15% of the unpacking)."""

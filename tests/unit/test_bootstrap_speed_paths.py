@@ -61,17 +61,17 @@ def test_lane_packing_sums_exactly_at_the_lane_limits(n, n_items):
     narrow = np.zeros((4, packing.width(n)), dtype=np.int64)
     np.add.at(narrow, rows, packing.pack(counts))  # what the sparse product sums
     order = np.argsort(packing.column_resamples(packing.width(n)))  # column of each resample
-    unpacked = packing.unpack(packing.widen(narrow))[:, order]
+    unpacked = packing.unpack(packing.rows(packing.widen(narrow), slice(None)))[:, order]
     np.testing.assert_array_equal(unpacked[:, :n].T, counts.reshape(n, 4, ROW_IMAGES).sum(axis=2))
     # prefix sums up to n_items - 1 (every sum of one resample's counts is at most its n_items draws)
     sums = rng.integers(0, n_items // 4 + 1, size=(n, 4))
     sums[:, 0] = n_items - 1 - sums[:, 1:].sum(axis=1)
-    wide = np.zeros((4, packing.width(n) * packing.group), dtype=np.int64)
+    planes = np.zeros((packing.group, 4, packing.width(n)), dtype=np.int64)
     for r in range(n):
         lane = r % packing.lanes
-        column = r // packing.lanes * packing.group + lane % packing.group
-        wide[:, column] += sums[r] << (lane // packing.group * packing.spacing)
-    np.testing.assert_array_equal(packing.unpack(np.cumsum(wide, axis=0))[:, order][:, :n].T, np.cumsum(sums, axis=1))
+        planes[lane % packing.group, :, r // packing.lanes] += sums[r] << (lane // packing.group * packing.spacing)
+    prefix = packing.unpack(packing.rows(np.cumsum(planes, axis=1), slice(None)))[:, order]
+    np.testing.assert_array_equal(prefix[:, :n].T, np.cumsum(sums, axis=1))
 
 
 def test_counts_above_the_clip_are_added_back():
