@@ -17,7 +17,7 @@ the same 150,000 x 30 input with 1,000 resamples drawn within two sources, as ``
 calls it; the ratio and the largest difference between their replicates and CIs are printed (issue 31: >= 4x).
 
 Run: ``python tests/bench/bench_metrics.py`` (``--skip-large`` to leave out the 150k runs, ``--compare-only`` for
-just the side-by-side comparison).
+just the side-by-side comparison, ``--profile`` to add the current path's CPU time per stage).
 """
 
 from __future__ import annotations
@@ -143,6 +143,47 @@ def bench_compare(args: argparse.Namespace) -> None:
           f"same undefined resamples: {same_nan}")  # fmt: skip
     if replicate_diff > 1e-12 or ci_diff > 1e-12 or not same_nan:
         raise SystemExit("FAIL: current and landed bootstrap disagree")
+    if args.profile:
+        profile_current(targets, probs, labels, sources, args.n_boot)
+
+
+STAGES = (  # (file the entry is in, "~" for built-ins; function name, or text in a built-in's) -> stage
+    (("~", "csr_matvecs"), "ranking product (all classes, packed counts)"),
+    (("~", "csc_matvecs"), "calibration product (float64 counts)"),
+    (("bootstrap.py", "stratum_count_rows"), "count draws (generator + bincount)"),
+    (("ranking.py", "_compute_ap_auroc"), "AP/AUROC from the prefix sums (incl. unpacking)"),
+    (("packed_counts.py", "widen"), "widening narrow lanes"),
+    (("~", "'cumsum'"), "prefix sums"),
+    (("packed_counts.py", "pack"), "packing counts"),
+)
+
+
+def profile_current(targets: np.ndarray, probs: np.ndarray, labels: list[str], sources: np.ndarray, n_boot: int):
+    """Where the current path spends its time: CPU seconds per stage (cProfile on process time, so other jobs on
+    the machine inflate the figures less than wall time), setup (``n_boot=0``: sorting, segments, matrices, point
+    estimate) timed on its own, then the costliest calls."""
+    import cProfile
+    import pstats
+
+    start = time.process_time()
+    compute_suite(targets, probs, labels, n_boot=0, seed=0, strata=sources)
+    setup_s = time.process_time() - start
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    compute_suite(targets, probs, labels, n_boot=n_boot, seed=0, strata=sources)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = sum(entry[2] for entry in stats.stats.values())  # tottime over all entries = profiled CPU time
+    print(f"profile of the current path ({n_boot} resamples): {total:.2f} CPU s under the profiler; setup and point")
+    print(f"  estimate alone (n_boot=0, no profiler): {setup_s:.2f} CPU s")
+    for (where, text), stage in STAGES:
+        cumtime = sum(
+            entry[3]
+            for (path, _, name), entry in stats.stats.items()
+            if path.endswith(where) and (text in name if where == "~" else name == text)
+        )
+        print(f"  {stage:50s} {cumtime:6.2f} s  ({100 * cumtime / total:4.1f}%)")
+    stats.sort_stats("tottime").print_stats(12)
 
 
 def main() -> None:
@@ -153,6 +194,9 @@ def main() -> None:
     parser.add_argument("--large-n", type=int, default=150_000)
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--compare-only", action="store_true", help="only the landed-vs-current 150k comparison")
+    parser.add_argument(
+        "--profile", action="store_true", help="after the comparison, CPU time per stage of the current path"
+    )
     args = parser.parse_args()
     if not args.compare_only:
         bench_small(args)
