@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from evaluation.packed_counts import CLIP, NARROW_BITS, ROW_IMAGES, LanePacking
-from evaluation.ranking import ClassPlan, SuiteRanking
+from evaluation.ranking import ClassPlan, SuiteRanking, ap_auroc
 from evaluation.suite import compute_suite
 from tests.bench.legacy_suite import legacy_compute_suite
 
@@ -89,3 +89,5 @@ def test_counts_above_the_clip_are_added_back():
         np.testing.assert_array_equal(full.tp_cum, reference.tp_cum)
         np.testing.assert_array_equal(chunk.positives[c], reference.positives)
         assert layout.n_groups == plan.n_groups and layout.n_segments == plan.n_segments
+        for new, old in zip(chunk.ap_auroc(c), ap_auroc(plan, reference), strict=True):  # AP/AUROC see it too
+            np.testing.assert_allclose(new, old, rtol=0, atol=1e-12, equal_nan=True)
