@@ -123,7 +123,8 @@ def stratum_count_rows(
 
     Args:
         sizes: number of images of each stratum, or ``None`` without strata (columns are then the images).
-        out: a ``(stop - start, N)`` int64 array to fill (reused by the suite from chunk to chunk).
+        out: a ``(stop - start, N)`` integer array to fill (reused by the suite from chunk to chunk; int32 holds any
+            count of fewer than 2**31 images).
     """
     out = np.empty((stop - start, n_items), dtype=np.int64) if out is None else out  # (b, N)
     for row, b in enumerate(range(start, stop)):

@@ -86,7 +86,7 @@ class LanePacking:
         packed, shifted = scratch[:width], scratch[width]  # packed column j is row j here, transposed at the end
         packed[:] = 0
         for r in range(n):
-            np.left_shift(counts[r], (r % self.lanes) * NARROW_BITS, out=shifted)
+            np.left_shift(counts[r], (r % self.lanes) * NARROW_BITS, out=shifted, dtype=np.int64)  # int32 counts too
             np.bitwise_or(packed[r // self.lanes], shifted, out=packed[r // self.lanes])
         if out is None:
             return np.ascontiguousarray(packed.T)

@@ -381,7 +381,8 @@ def compute_suite(
     ranking = SuiteRanking(targets, probs, planned, columns, n_bins=n_bins)
     residual_matrix = _residual_matrix(targets, probs, n_bins)
     registered = SUITE.per_class(val_thresholds=thresholds is not None), SUITE.pooled()
-    image_columns = None if members is None else columns
+    # strata already in image order (one source after the other) need no reordering for the calibration product
+    image_columns = None if members is None or np.array_equal(columns, np.arange(n_items)) else columns
     point, pooled_point = _evaluate(
         ranking, residual_matrix, image_columns, np.ones((1, n_items), dtype=np.int64), {}, threshold, thresholds,
         *registered,
@@ -390,7 +391,8 @@ def compute_suite(
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
         step = chunk or suite_chunk(n_items, n_boot)
-        counts_buffer, work = np.empty((step, n_items), dtype=np.int64), {}
+        # int32 counts (a count is at most N): half the bytes for the passes that read them
+        counts_buffer, work = np.empty((step, n_items), dtype=np.int32 if n_items < 2**31 else np.int64), {}
         for start in range(0, n_boot, step):
             rows = slice(start, min(start + step, n_boot))
             counts = stratum_count_rows(
