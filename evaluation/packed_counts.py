@@ -15,8 +15,9 @@ Two lane widths, because the product and the prefix sums have different bounds:
   (``LanePacking.widen``: a shift and a mask per int64) into wide lanes of ``group * 7`` bits with ``2**bits > N``.
 
 Both steps are exact integer arithmetic, so unpacking gives bit for bit the integers a float64 product gives. Lane
-``l`` of packed column ``j`` holds resample ``j * lanes + l``; narrow lane ``l`` lands in wide group ``l % group``,
-wide lane ``l // group``, and ``unpack`` writes every resample back in order.
+``l`` of packed column ``j`` holds resample ``j * lanes + l``; narrow lane ``l`` lands in wide plane ``l % group``,
+wide lane ``l // group``; ``unpack`` writes the lanes in the column order ``column_resamples`` names (sums over rows
+do not care), and the suite puts its per-resample results back in resample order.
 """
 
 from __future__ import annotations

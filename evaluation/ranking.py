@@ -19,7 +19,8 @@ positive, the runs of negatives between them, and extra cuts at decision thresho
 needs only the weight of each segment (plus the weighted ``y - p`` per calibration bin), so a ``(K, N)`` sparse
 0/1 matrix ``ClassPlan.matrix`` maps image counts to these ``K`` sufficient statistics in one sparse product for
 a whole chunk of resamples; ``K`` is about three times the number of positives, tiny for tail classes. Prefix sums
-over the few segments then give cumulative TP/FP at every positive group and every threshold.
+over the few segments then give cumulative TP/FP at every positive group and every threshold. The suite does the same
+for all classes at once (``SuiteRanking``: one stacked matrix on packed counts, the same statistics exactly).
 """
 
 from __future__ import annotations
@@ -564,7 +565,7 @@ class SuiteRanking:
 
     @staticmethod
     def _add_excess(wide: np.ndarray, rows: slice, entry_rows: np.ndarray, columns: np.ndarray, values: np.ndarray):
-        """Add the clipped-off counts of the rows in ``rows`` (rare: Poisson(1) counts above 7)."""
+        """Add the clipped-off counts of the rows in ``rows`` (rare: Poisson(1) counts above ``CLIP``)."""
         lo, hi = np.searchsorted(entry_rows, [rows.start, rows.stop])
         if hi > lo:
             column, plane = np.divmod(columns[lo:hi], wide.shape[0])
