@@ -486,7 +486,7 @@ class SuiteRanking:
         self._by_image: sp.csc_matrix | None = None
         self._work: dict[str, np.ndarray] = {}
 
-    def chunk(self, counts: np.ndarray) -> RankingChunk:
+    def chunk(self, counts: np.ndarray, single_sums: bool = False) -> RankingChunk:
         """Statistics of a chunk of resamples.
 
         One product for all classes, then class by class: widen its rows, add back clipped counts, prefix-sum, read
@@ -497,6 +497,8 @@ class SuiteRanking:
         Args:
             counts: ``(b, N)`` non-negative integer counts, columns as ``columns``. Counts above ``CLIP`` are clipped
                 in place (their excess is added back to the sums exactly), so pass a copy to keep them.
+            single_sums: sum each resample's AP as ``einsum`` sums one resample alone (``RankingChunk``), as the
+                landed path did when its chunks held one resample.
         """
         b = counts.shape[0]
         packing = self.packing
@@ -513,7 +515,7 @@ class SuiteRanking:
         )
         narrow = self._product(packed, self._scratch("narrow", (self.n_rows, width), np.int64))  # (R, width)
         wide = self._scratch("wide", (packing.group, self.n_rows, width), np.int64)
-        chunk = RankingChunk(self, wide, b)
+        chunk = RankingChunk(self, wide, b, single_sums)
         for c, (start, middle, stop) in enumerate(self.blocks):
             for lo, hi in ((start, middle), (middle, stop)):
                 for sub in range(lo, hi, ROW_BLOCK):
@@ -585,8 +587,9 @@ class RankingChunk:
         tp, fp: ``(C, T, b)`` weights at or above each planned threshold.
     """
 
-    def __init__(self, ranking: SuiteRanking, wide: np.ndarray, b: int):
+    def __init__(self, ranking: SuiteRanking, wide: np.ndarray, b: int, single_sums: bool = False):
         self.ranking, self.wide, self.b = ranking, wide, b
+        self.single_sums = single_sums or b == 1
         packing = ranking.packing
         self.order = np.argsort(packing.column_resamples(wide.shape[2]))[:b]  # column of each resample
         n_classes, t = len(ranking.layouts), ranking.n_thresholds
@@ -625,7 +628,8 @@ class RankingChunk:
         Per positive group ``g`` (``A_g`` cumulative positive weight, ``P_g = A_g + F_g`` cumulative weight of all
         labelled images, ``a_g`` the group's positive weight): AP sums ``a_g A_g / P_g`` over ``g`` in order, as
         ``einsum`` sums a ``(G, b)`` pair (one running sum per resample; carried from block to block as a leading
-        row ``1 * sum``, so blocks change nothing), and for ``b = 1`` over the whole class at once, as the landed
+        row ``1 * sum``, so blocks change nothing), and for ``b = 1`` (or ``single_sums``) one resample at a time over
+        the whole class, as the landed
         point estimate did. AUROC needs ``sum_g a_g (F_g + F'_g)``, with ``F'_g`` the negative weight strictly above
         the group; it is ``2 sum_g a_g F_g - sum_g a_g t_g`` (``t_g``: negatives tied with the group, only for
         groups that have any). These are sums of integers below ``2**53``, exact in float64 in any order, so the AUROC
@@ -643,7 +647,7 @@ class RankingChunk:
         planes = self.wide  # (group, R, width): each plane holds width * per_group resamples, see column_resamples
         width = planes.shape[2]
         b_plane = width * packing.per_group
-        step = len(rows) if self.b == 1 else max(1, GROUP_BLOCK_ELEMENTS // b_plane)
+        step = len(rows) if self.single_sums else max(1, GROUP_BLOCK_ELEMENTS // b_plane)
         tiny = np.finfo(np.float64).tiny
         scratch = ranking._scratch
         sums = np.zeros((3, planes.shape[0], b_plane))  # AP sum, sum a F, sum a t per plane
@@ -683,9 +687,10 @@ class RankingChunk:
                     np.maximum(p_cum[:zero_rows], tiny, out=p_cum[:zero_rows])
                 np.divide(a_cum[1:], p_cum, out=a_cum[1:])
                 a_cum[0] = ap_sum
-                if self.b == 1:
-                    column = (np.ascontiguousarray(x[1:, :1]) for x in (a, a_cum))
-                    ap_sum[:] = np.einsum("gb,gb->b", *column)[0]
+                if self.single_sums:  # one (G, 1) einsum per resample, over the whole class
+                    for k in range(1 if self.b == 1 else b_plane):
+                        column = (np.ascontiguousarray(x[1:, k : k + 1]) for x in (a, a_cum))
+                        ap_sum[k] = np.einsum("gb,gb->b", *column)[0]
                 else:
                     ap_sum[:] = np.einsum("gb,gb->b", a, a_cum)
         ap_sum, a_f, a_t = (s.ravel() for s in sums)

@@ -190,17 +190,24 @@ def validate_inputs(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str
 
 class _SummaryStats:
     """``ClassStats`` of one class in a packed chunk: the totals and calibration sums the registered metrics read are
-    at hand; the full prefix sums (``neg_cum``, ``pos``, ``tp_cum``) are unpacked only if a metric asks for them."""
+    at hand; the full prefix sums (``neg_cum``, ``pos``, ``tp_cum``) are unpacked only if a metric asks for them.
+    ``resamples`` selects the chunk's resamples it describes (one at a time for ``single_sums``)."""
 
-    def __init__(self, chunk: RankingChunk, c: int, residual: np.ndarray):
-        self._chunk, self._c = chunk, c
+    def __init__(self, chunk: RankingChunk, c: int, residual: np.ndarray, resamples: slice = slice(None)):
+        self._chunk, self._c, self._resamples = chunk, c, resamples
         self.residual = residual
-        self.positives, self.negatives = chunk.positives[c], chunk.negatives[c]
+        self.positives, self.negatives = chunk.positives[c][resamples], chunk.negatives[c][resamples]
         self.total = self.positives + self.negatives
 
     @cached_property
     def _full(self) -> ClassStats:
-        return self._chunk.stats(self._c, self.residual)
+        full = self._chunk.stats(self._c, self.residual)
+        if self._resamples == slice(None):
+            return full
+        neg_cum, pos, tp_cum = (
+            np.ascontiguousarray(x[:, self._resamples]) for x in (full.neg_cum, full.pos, full.tp_cum)
+        )
+        return ClassStats(neg_cum=neg_cum, pos=pos, tp_cum=tp_cum, residual=self.residual)
 
     @property
     def neg_cum(self) -> np.ndarray:
@@ -218,19 +225,24 @@ class _SummaryStats:
 class _PackedClassChunk(ClassChunk):
     """``ClassChunk`` whose AP/AUROC and threshold confusions come from the chunk's stacked statistics."""
 
-    def __init__(self, chunk: RankingChunk, c: int, residual: np.ndarray, threshold: float, val_threshold):
-        super().__init__(chunk.ranking.layouts[c], _SummaryStats(chunk, c, residual), threshold, val_threshold)
-        self._chunk, self._c = chunk, c
+    def __init__(
+        self, chunk: RankingChunk, c: int, residual: np.ndarray, threshold: float, val_threshold, resamples: slice
+    ):
+        stats = _SummaryStats(chunk, c, residual, resamples)
+        super().__init__(chunk.ranking.layouts[c], stats, threshold, val_threshold)
+        self._chunk, self._c, self._resamples = chunk, c, resamples
 
     @cached_property
     def ap_auroc(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._chunk.ap_auroc(self._c)
+        ap, auroc = self._chunk.ap_auroc(self._c)
+        return ap[self._resamples], auroc[self._resamples]
 
     def confusion(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if float(threshold) not in self.plan.thresholds:
             raise ValueError(f"threshold {threshold} was not planned; the plan has {self.plan.thresholds}")
         t = self.plan.thresholds.index(float(threshold))
-        return self._chunk.tp[self._c, t], self._chunk.fp[self._c, t], self.stats.positives
+        k = self._resamples
+        return self._chunk.tp[self._c, t][k], self._chunk.fp[self._c, t][k], self.stats.positives
 
 
 def _evaluate(
@@ -239,6 +251,7 @@ def _evaluate(
     image_columns: np.ndarray | None,
     counts: np.ndarray,
     work: dict[str, np.ndarray],
+    single_sums: bool,
     threshold: float,
     val_thresholds: np.ndarray | None,
     per_class: tuple[SuiteMetric, ...],
@@ -250,7 +263,8 @@ def _evaluate(
     every class's calibration rows on float64 counts put back in image order (``image_columns``: column of each
     image in ``counts``, ``None`` when they are the same), summed in the landed order (``_residual_matrix``). A class
     without a labelled entry is left out of everything; a pooled metric over no labelled pair is NaN. ``work`` keeps
-    the float64 count arrays from chunk to chunk (fresh ones cost page faults every chunk).
+    the float64 count arrays from chunk to chunk (fresh ones cost page faults every chunk); ``single_sums``: AP sums
+    as the landed path's one-resample chunks summed them (``LANDED_CHUNK_BYTES``).
     """
     b, n_items = counts.shape
     n_classes = len(ranking.layouts)
@@ -264,22 +278,34 @@ def _evaluate(
         # rows in image order ("clip": with "raise", take buffers a copy of its output)
         by_image = np.take(by_column, image_columns, axis=0, out=work["by_image"], mode="clip")
     residuals = residual_matrix @ by_image  # (C * n_bins, b)
-    stats = ranking.chunk(counts)  # clips counts in place
+    stats = ranking.chunk(counts, single_sums)  # clips counts in place
     out = {metric.key: np.full((b, n_classes), np.nan) for metric in per_class}
-    sums: dict[str, np.ndarray] = {}  # pooled name -> statistics summed over the classes so far
+    # single_sums: every metric on one resample at a time, with the (K, 1) arrays the landed one-resample chunks had
+    # (numpy sums a (15, 1) column of calibration bins in another order than the columns of a (15, b) block)
+    groups = [slice(k, k + 1) for k in range(b)] if single_sums and b > 1 else [slice(None)]
+    sums: dict[tuple[str, int], np.ndarray] = {}  # (pooled name, group) -> statistics summed over the classes so far
     for c, layout in enumerate(ranking.layouts):
         if layout.n_labelled == 0:
             continue
         residual = residuals[c * layout.n_bins : (c + 1) * layout.n_bins]
         val_threshold = None if val_thresholds is None else float(val_thresholds[c])
-        chunk = _PackedClassChunk(stats, c, residual, threshold, val_threshold)
-        for metric in per_class:
-            out[metric.key][:, c] = metric.compute(chunk)
-        for metric in pooled:
-            value = metric.compute(chunk)
-            sums[metric.name] = sums[metric.name] + value if metric.name in sums else value
-    nan = np.full(b, np.nan)
-    return out, {m.name: m.reduce(sums[m.name]) if m.name in sums else nan.copy() for m in pooled}
+        for g, resamples in enumerate(groups):
+            part = residual if len(groups) == 1 else np.ascontiguousarray(residual[:, resamples])
+            chunk = _PackedClassChunk(stats, c, part, threshold, val_threshold, resamples)
+            for metric in per_class:
+                out[metric.key][resamples, c] = metric.compute(chunk)
+            for metric in pooled:
+                value = metric.compute(chunk)
+                key = (metric.name, g)
+                sums[key] = sums[key] + value if key in sums else value
+    pooled_out = {}
+    for m in pooled:
+        values = np.full(b, np.nan)
+        for g, resamples in enumerate(groups):
+            if (m.name, g) in sums:
+                values[resamples] = m.reduce(sums[(m.name, g)])
+        pooled_out[m.name] = values
+    return out, pooled_out
 
 
 def _residual_matrix(targets: np.ndarray, probs: np.ndarray, n_bins: int) -> sp.csc_matrix:
@@ -297,6 +323,10 @@ def _residual_matrix(targets: np.ndarray, probs: np.ndarray, n_bins: int) -> sp.
     np.cumsum(labelled.sum(axis=1), out=indptr[1:])
     return sp.csc_matrix((data[labelled], rows[labelled], indptr), shape=(n_classes * n_bins, n_items))
 
+
+LANDED_CHUNK_BYTES = 8 * 2**20
+"""The landed path's chunk size in bytes of float64 counts (``evaluation.bootstrap.CHUNK_BYTES`` as landed): with
+its default chunks, it summed AP one resample at a time once ``N`` passed ``LANDED_CHUNK_BYTES / 16``."""
 
 PACKED_BYTES = 5 * 2**20
 """Target size of one chunk's packed ``(N, width)`` int64 counts, the array the ranking product reads at random
@@ -384,13 +414,16 @@ def compute_suite(
     # strata already in image order (one source after the other) need no reordering for the calibration product
     image_columns = None if members is None or np.array_equal(columns, np.arange(n_items)) else columns
     point, pooled_point = _evaluate(
-        ranking, residual_matrix, image_columns, np.ones((1, n_items), dtype=np.int64), {}, threshold, thresholds,
-        *registered,
+        ranking, residual_matrix, image_columns, np.ones((1, n_items), dtype=np.int64), {}, True, threshold,
+        thresholds, *registered,
     )  # fmt: skip
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
         step = chunk or suite_chunk(n_items, n_boot)
+        # the landed path's default chunks held one resample above ~0.5M images, and einsum sums one resample's
+        # (G, 1) arrays in another order than a (G, b) pair's columns: follow it, so the replicates stay its own
+        single_sums = chunk is None and LANDED_CHUNK_BYTES // (8 * n_items) <= 1
         # int32 counts (a count is at most N): half the bytes for the passes that read them
         counts_buffer, work = np.empty((step, n_items), dtype=np.int32 if n_items < 2**31 else np.int64), {}
         for start in range(0, n_boot, step):
@@ -399,7 +432,7 @@ def compute_suite(
                 n_items, seed, rows.start, rows.stop, sizes, out=counts_buffer[: rows.stop - start]
             )
             values, pooled = _evaluate(
-                ranking, residual_matrix, image_columns, counts, work, threshold, thresholds, *registered
+                ranking, residual_matrix, image_columns, counts, work, single_sums, threshold, thresholds, *registered
             )
             for key, array in values.items():
                 replicates[key][rows] = array

@@ -93,3 +93,18 @@ def test_counts_above_the_clip_are_added_back():
         assert layout.n_groups == plan.n_groups and layout.n_segments == plan.n_segments
         for new, old in zip(chunk.ap_auroc(c), ap_auroc(plan, reference), strict=True):  # AP/AUROC see it too
             np.testing.assert_allclose(new, old, rtol=0, atol=1e-12, equal_nan=True)
+
+
+def test_ap_sums_follow_the_landed_one_resample_chunks(monkeypatch):
+    """Above ~0.5M images the landed default chunk held one resample, and einsum sums a (G, 1) pair in another order
+    than the columns of a (G, b) pair: the default path then sums each resample alone, and agrees bit for bit."""
+    import evaluation.suite as suite
+    import tests.bench.legacy_suite as legacy
+
+    targets, probs, labels, strata = _data(4, n=400)
+    monkeypatch.setattr(suite, "LANDED_CHUNK_BYTES", 8 * 400)  # as if N were past the landed one-resample limit
+    monkeypatch.setattr(legacy, "auto_chunk", lambda n_items, n_boot: 1)
+    new = compute_suite(targets, probs, labels, n_boot=20, strata=strata)
+    old = legacy_compute_suite(targets, probs, labels, n_boot=20, strata=strata)
+    for key in old.replicates:
+        np.testing.assert_array_equal(new.replicates[key], old.replicates[key], err_msg=key)
