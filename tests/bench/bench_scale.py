@@ -253,8 +253,12 @@ def stage_train_steps(workdir, rows, labels) -> dict:
         loss_fn(model(x), torch.nan_to_num(y.float().clamp(min=0))).backward()
         optimiser.step()
 
+    def epochs():  # a small size's epoch holds fewer than the 1 + ROUNDS * STEPS batches: the next one follows
+        while True:
+            yield from module.train_dataloader()
+
     start = time.perf_counter()
-    loader = iter(module.train_dataloader())
+    loader = epochs()
     first = next(loader)
     first_batch = time.perf_counter() - start
     step(first["image"], first["target"])
