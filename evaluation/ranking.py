@@ -25,6 +25,7 @@ for all classes at once (``SuiteRanking``: one stacked matrix on packed counts, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -484,7 +485,8 @@ class SuiteRanking:
         self.n_thresholds = n_thresholds
         self.reads = np.array(reads, dtype=np.int64).reshape(n_classes, 2 + 2 * n_thresholds)
         self._by_image: sp.csc_matrix | None = None
-        self._work: dict[str, np.ndarray] = {}
+        self._by_image_lock = threading.Lock()
+        self._local = threading.local()  # scratch arrays per thread: the suite evaluates chunks on several threads
 
     def chunk(self, counts: np.ndarray, single_sums: bool = False) -> RankingChunk:
         """Statistics of a chunk of resamples.
@@ -531,10 +533,13 @@ class SuiteRanking:
     def _scratch(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A work array kept from chunk to chunk: at 150,000 images a chunk's arrays are ~150 MB, and fresh ones
         are zeroed page by page by the kernel every chunk (a sixth of the time, measured). The previous chunk's
-        ``RankingChunk`` reads ``wide``, so it is valid until the next ``chunk`` call."""
-        array = self._work.get(name)
+        ``RankingChunk`` reads ``wide``, so it is valid until the same thread's next ``chunk`` call."""
+        work = getattr(self._local, "work", None)
+        if work is None:
+            work = self._local.work = {}
+        array = work.get(name)
         if array is None or array.shape != shape:
-            array = self._work[name] = np.empty(shape, dtype=dtype)
+            array = work[name] = np.empty(shape, dtype=dtype)
         return array
 
     def _product(self, packed: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -551,8 +556,9 @@ class SuiteRanking:
         self, resample: np.ndarray, image: np.ndarray, excess: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(rows, columns, values)`` to add to the widened sums for what ``CLIP`` cut off, sorted by row."""
-        if self._by_image is None:
-            self._by_image = self.matrix.tocsc()
+        with self._by_image_lock:
+            if self._by_image is None:
+                self._by_image = self.matrix.tocsc()
         by_image = self._by_image
         starts, stops = by_image.indptr[image], by_image.indptr[image + 1]
         lengths = stops - starts

@@ -22,7 +22,10 @@ of one class's statistics for a chunk (``ClassChunk``), so adding a metric is on
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -334,6 +337,22 @@ PACKED_BYTES = 5 * 2**20
 the chunk's prefix-sum array grows with them."""
 
 
+MAX_THREADS = 4
+"""Most chunks evaluated at once: a chunk's work arrays are ~150 MB at 150,000 images, one set per thread."""
+
+
+def suite_threads() -> int:
+    """Threads for the bootstrap's chunks: the CPUs this process may use, at most ``MAX_THREADS``.
+
+    Why threads: the chunks are independent and their time is in NumPy and SciPy kernels that release the GIL
+    (sparse products, prefix sums, gathers, the count draws), so a second core nearly halves the test phase's
+    bootstrap (``make bench``, ``tests/bench/bench_metrics.py``) with no copy of the inputs.
+    """
+    return max(
+        1, min(MAX_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
 def suite_chunk(n_items: int, n_boot: int, packed_bytes: int = PACKED_BYTES) -> int:
     """Resamples per chunk: as many packed columns as fit ``packed_bytes``, times the resamples per int64."""
     lanes = LanePacking.for_sums(n_items).lanes
@@ -355,6 +374,7 @@ def compute_suite(
     class_groups: Mapping[str, Sequence[int | str]] | None = None,
     n_bins: int = N_BINS,
     strata: Sequence | np.ndarray | None = None,
+    threads: int | None = None,
 ) -> SuiteResult:
     """Every challenge metric with bootstrap CIs on one split.
 
@@ -374,6 +394,8 @@ def compute_suite(
         n_bins: ECE bins.
         strata: ``(N,)`` label per image (its source); each resample then keeps every stratum's image count
             (``evaluation.bootstrap``), e.g. a pooled internal + external test resampled within each source.
+        threads: chunks evaluated at once (default ``suite_threads()``). Each chunk's resamples are drawn from
+            their own seeds and written to their own rows, so the result is the same for any number of threads.
 
     Returns:
         ``SuiteResult``; ``.metrics`` holds ``mAP``, ``mAUROC``, ``mF1``, ``mPrecision``, ``mRecall``, ``mECE``,
@@ -396,6 +418,8 @@ def compute_suite(
         raise ValueError(f"n_bins must be a positive integer, got {n_bins}")
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if threads is not None and (int(threads) != threads or threads < 1):
+        raise ValueError(f"threads must be a positive integer, got {threads}")
     thresholds = None if val_thresholds is None else thresholds_from_mapping(val_thresholds, labels)
     for members in (class_groups or {}).values():
         for cls in members:
@@ -424,20 +448,35 @@ def compute_suite(
         # the landed path's default chunks held one resample above ~0.5M images, and einsum sums one resample's
         # (G, 1) arrays in another order than a (G, b) pair's columns: follow it, so the replicates stay its own
         single_sums = chunk is None and LANDED_CHUNK_BYTES // (8 * n_items) <= 1
-        # int32 counts (a count is at most N): half the bytes for the passes that read them
-        counts_buffer, work = np.empty((step, n_items), dtype=np.int32 if n_items < 2**31 else np.int64), {}
-        for start in range(0, n_boot, step):
+        local = threading.local()  # each thread's count buffer and work arrays, kept from chunk to chunk
+
+        def run_chunk(start: int) -> None:
+            """Resamples ``start:start + step`` into their rows of the replicates (rows no other chunk writes)."""
             rows = slice(start, min(start + step, n_boot))
+            if not hasattr(local, "counts"):
+                # int32 counts (a count is at most N): half the bytes for the passes that read them
+                local.counts, local.work = np.empty((step, n_items), np.int32 if n_items < 2**31 else np.int64), {}
             counts = stratum_count_rows(
-                n_items, seed, rows.start, rows.stop, sizes, out=counts_buffer[: rows.stop - start]
+                n_items, seed, rows.start, rows.stop, sizes, out=local.counts[: rows.stop - start]
             )
             values, pooled = _evaluate(
-                ranking, residual_matrix, image_columns, counts, work, single_sums, threshold, thresholds, *registered
-            )
+                ranking, residual_matrix, image_columns, counts, local.work, single_sums, threshold, thresholds,
+                *registered,
+            )  # fmt: skip
             for key, array in values.items():
                 replicates[key][rows] = array
             for name, array in pooled.items():
                 pooled_replicates[name][rows] = array
+
+        starts = range(0, n_boot, step)
+        workers = min(len(starts), suite_threads() if threads is None else int(threads))
+        if workers <= 1:
+            for start in starts:
+                run_chunk(start)
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="suite") as pool:
+                for done in pool.map(run_chunk, starts):  # re-raises a chunk's error here
+                    del done
 
     result = SuiteResult(
         metrics={},

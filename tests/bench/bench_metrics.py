@@ -15,6 +15,8 @@ and the process's peak resident set size).
 Last, the landed bootstrap path (``tests/bench/legacy_suite.py``, frozen) and the current one run side by side on
 the same 150,000 x 30 input with 1,000 resamples drawn within two sources, as ``make bench-scale``'s test phase
 calls it; the ratio and the largest difference between their replicates and CIs are printed (issue 31: >= 4x).
+The current path evaluates its chunks on every CPU this process may use (``evaluation.suite.suite_threads``); its
+one-thread time is printed beside it, so the gain of the arithmetic and that of the second core read apart.
 
 Run: ``python tests/bench/bench_metrics.py`` (``--skip-large`` to leave out the 150k runs, ``--compare-only`` for
 just the side-by-side comparison, ``--profile`` to add the current path's CPU time per stage).
@@ -36,7 +38,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from evaluation.bootstrap import resample_indices  # noqa: E402
-from evaluation.suite import compute_suite  # noqa: E402
+from evaluation.suite import compute_suite, suite_threads  # noqa: E402
 from tests.bench.legacy_suite import legacy_compute_suite  # noqa: E402
 
 
@@ -131,6 +133,9 @@ def bench_compare(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     new = compute_suite(targets, probs, labels, n_boot=args.n_boot, seed=0, strata=sources)
     new_s = time.perf_counter() - start
+    start = time.perf_counter()
+    compute_suite(targets, probs, labels, n_boot=args.n_boot, seed=0, strata=sources, threads=1)
+    one_s = time.perf_counter() - start
     replicate_diff = max(
         float(np.nanmax(np.abs(new.replicates[k] - old.replicates[k]), initial=0.0)) for k in old.replicates
     )
@@ -139,6 +144,8 @@ def bench_compare(args: argparse.Namespace) -> None:
     ci_diff = max(abs(new.metrics[k] - old.metrics[k]) for k in ci_keys)
     print(f"bootstrap {args.large_n} x {len(labels)}, {args.n_boot} resamples within 2 sources: landed "
           f"{old_s:.2f} s | current {new_s:.2f} s | speed-up {old_s / new_s:.2f}x (target >= 4x)")  # fmt: skip
+    print(f"  current on {suite_threads()} thread(s) as above; on one thread {one_s:.2f} s, {old_s / one_s:.2f}x "
+          "the landed path (which is single-threaded)")  # fmt: skip
     print(f"agreement: max |diff| replicates {replicate_diff:.1e}, CIs {ci_diff:.1e} over {len(ci_keys)} bounds, "
           f"same undefined resamples: {same_nan}")  # fmt: skip
     if replicate_diff > 1e-12 or ci_diff > 1e-12 or not same_nan:
@@ -166,11 +173,11 @@ def profile_current(targets: np.ndarray, probs: np.ndarray, labels: list[str], s
     import pstats
 
     start = time.process_time()
-    compute_suite(targets, probs, labels, n_boot=0, seed=0, strata=sources)
+    compute_suite(targets, probs, labels, n_boot=0, seed=0, strata=sources, threads=1)
     setup_s = time.process_time() - start
     profiler = cProfile.Profile(time.process_time)
-    profiler.enable()
-    compute_suite(targets, probs, labels, n_boot=n_boot, seed=0, strata=sources)
+    profiler.enable()  # one thread: cProfile sees only the thread that enabled it
+    compute_suite(targets, probs, labels, n_boot=n_boot, seed=0, strata=sources, threads=1)
     profiler.disable()
     stats = pstats.Stats(profiler)
     total = sum(entry[2] for entry in stats.stats.values())  # tottime over all entries = profiled CPU time

@@ -51,6 +51,21 @@ def test_replicates_do_not_depend_on_the_chunk_size(chunk):
     _assert_same(compute_suite(targets, probs, labels, n_boot=37, strata=strata, chunk=chunk), reference)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_replicates_do_not_depend_on_the_threads(threads):
+    """Chunks evaluated on several threads at once (clipped counts included) give the landed replicates."""
+    targets, probs, labels, strata = _data(4, n=90)
+    reference = legacy_compute_suite(targets, probs, labels, n_boot=41, strata=strata, chunk=7)
+    result = compute_suite(targets, probs, labels, n_boot=41, strata=strata, chunk=3, threads=threads)
+    _assert_same(result, reference)
+
+
+def test_threads_must_be_positive():
+    targets, probs, labels, _ = _data(0, n=20)
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        compute_suite(targets, probs, labels, n_boot=5, threads=0)
+
+
 @pytest.mark.parametrize(("n", "n_items"), [(36, 150_000), (7, 10), (1, 5), (20, 240), (5, 2**22), (3, 2**40)])
 def test_lane_packing_sums_exactly_at_the_lane_limits(n, n_items):
     packing = LanePacking.for_sums(n_items)
