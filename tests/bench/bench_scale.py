@@ -189,13 +189,14 @@ def stage_sampler(name: str):
     return run
 
 
-def _datamodule(workdir: Path, rows: int, labels, workers: int, sampler: str = "class_aware"):
+def _datamodule(workdir: Path, rows: int, labels, workers: int, sampler: str = "class_aware", in_process=True):
     from training.data.datamodule import CXRDataModule
     from training.data.sources import ManifestSource
 
     source = ManifestSource(str(sized_manifest(workdir, rows)), root=str(workdir / "images"), name="bench")
     module = CXRDataModule(source, labels, IMAGE_SIZE, BATCH, num_workers=workers, sampler=_sampler(sampler),
-                           cache_root=str(workdir / "cache"), loader_settings={"persistent_workers": False})  # fmt: skip
+                           cache_root=str(workdir / "cache"), loader_settings={"persistent_workers": False},
+                           **({} if in_process else {"in_process_pixels": 0}))  # fmt: skip
     module.setup("fit")
     return module
 
@@ -215,7 +216,7 @@ def stage_loader(workers: int):
     def run(workdir, rows, labels) -> dict:
         """Two whole epochs; the workers' PSS after their first batches and at the end of each epoch (a worker
         whose memory grew with the epoch shows as an end figure above the early one)."""
-        module = _datamodule(workdir, rows, labels, workers)
+        module = _datamodule(workdir, rows, labels, workers, in_process=False)  # the workers themselves measured
         start = time.perf_counter()
         seen, pss = 0, []
         for _ in range(2):

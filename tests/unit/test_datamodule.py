@@ -126,3 +126,36 @@ def test_loader_workers_augment_differently_from_each_other_and_reproducibly(mak
     # batches alternate between the two workers: batch 0 is worker 0's first, batch 1 worker 1's first
     assert not torch.equal(draws[0], draws[1])
     assert all(torch.equal(a, b) for a, b in zip(draws, _worker_draws(path, task1_labels, seed=3), strict=True))
+
+
+def _passes(dm, loader):
+    torch.manual_seed(0)
+    return [(b["image"], b["target"], b["index"]) for b in getattr(dm, loader)()]
+
+
+def test_table_lookup_batches_are_read_in_the_training_process_and_equal_the_workers(make_manifest, task1_labels):
+    """A small batch that is one table lookup skips the workers it would only be handed over by; the batches of
+    every pass (training draw included) are those the workers give."""
+    path = make_manifest(n=30)
+    here = _module(path, task1_labels, num_workers=2)
+    workers = _module(path, task1_labels, num_workers=2, in_process_pixels=0)
+    for dm in (here, workers):
+        dm.setup()
+    assert here.train_dataloader().num_workers == 0 and here.val_dataloader().num_workers == 0
+    assert workers.train_dataloader().num_workers == 2
+    for loader in ("train_dataloader", "val_dataloader"):
+        for (a, t, i), (b, u, j) in zip(_passes(here, loader), _passes(workers, loader), strict=True):
+            assert torch.equal(a, b) and torch.equal(t, u) and torch.equal(i, j)
+
+
+def test_augmenting_or_large_batches_keep_their_workers(make_manifest, task1_labels):
+    path = make_manifest(n=30)
+    augmenting = _augmenting(path, task1_labels, seed=0, num_workers=2)
+    assert augmenting.train_dataloader().num_workers == 2  # random steps: not one table lookup
+    assert augmenting.val_dataloader().num_workers == 0  # its evaluation loaders are
+    large = _module(path, task1_labels, num_workers=2, in_process_pixels=4 * 24 * 24 - 1)  # one pixel too many
+    large.setup()
+    assert large.val_dataloader().num_workers == 2
+    at_limit = _module(path, task1_labels, num_workers=2, in_process_pixels=4 * 24 * 24)
+    at_limit.setup()
+    assert at_limit.val_dataloader().num_workers == 0

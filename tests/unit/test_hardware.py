@@ -94,7 +94,7 @@ def test_persistent_workers_only_with_workers():
 
 def test_loaders_on_cpu_are_unpinned_and_train_workers_restart(make_manifest, task1_labels):
     module = CXRDataModule(ManifestSource(make_manifest(n=18)), task1_labels, image_size=32, batch_size=4,
-                           num_workers=1, cache=False)  # fmt: skip
+                           num_workers=1, cache=False, in_process_pixels=0)  # fmt: skip
     module.prepare_data()
     module.setup("fit")
     train, val = module.train_dataloader(), module.val_dataloader()

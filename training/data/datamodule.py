@@ -14,7 +14,7 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, get_worker_info
 
 from training.data.cache import CACHE_ROOT, PreprocessedCache, image_list_fingerprint
-from training.data.dataset import ManifestDataset, view_indices
+from training.data.dataset import ManifestDataset, collate_items, view_indices
 from training.data.images import MAX_PIXELS
 from training.data.manifest import Manifest, load_manifest
 from training.data.normal_label import NORMAL, mask_unlabelled_normal, unlabelled_rows
@@ -70,6 +70,24 @@ class TrainLoader(ForkSharingLoader):
         return super().__iter__()
 
 
+IN_PROCESS_PIXELS = 2**20
+"""Largest batch (images x pixels) a loader reads in the training process instead of in its workers, when the batch
+is one table lookup (:attr:`ManifestDataset.batch_pixels_in_memory`). Measured on 2 cores, batches of 64, ms per
+batch as the training process sees it, in process / 1 worker / 2 workers: 16 px 0.33 / 2.10 / 2.45, 64 px
+1.44 / 3.97 / 4.17, 128 px 3.82 / 9.18 / 12.55, 256 px 17.7 / 24.3 / 15.5. Up to 64 x 128 x 128 handing a batch
+over from a worker (shared memory, a file descriptor per tensor, a queue) costs more than computing it here."""
+
+
+def loader_workers(dataset, batch_size: int, requested: int, in_process_pixels: int = IN_PROCESS_PIXELS) -> int:
+    """Worker processes for a loader over ``dataset``: ``requested``, or 0 when its batches are cheaper to compute
+    in the training process than to receive from a worker (at most ``in_process_pixels``). The batches are the same
+    either way: the order comes from the sampler and the loader's generator, and a pure per-pixel map draws
+    nothing."""
+    if requested == 0 or not getattr(dataset, "batch_pixels_in_memory", False):
+        return requested
+    return 0 if batch_size * dataset.image_size**2 <= in_process_pixels else requested
+
+
 class CXRDataModule(L.LightningDataModule):
     """Loads one manifest and serves its train/val/test splits.
 
@@ -79,7 +97,8 @@ class CXRDataModule(L.LightningDataModule):
         image_size: square side images are resized to.
         batch_size: per-device batch size.
         num_workers: loader worker processes; 0 keeps augmentation in the training process, which is fastest
-            on two cores when images are preloaded.
+            on two cores when images are preloaded. A loader whose batches are one table lookup of at most
+            ``in_process_pixels`` pixels reads them in the training process whatever this says (``loader_workers``).
         preload: decode each split once into memory.
         train_augment: albumentations steps for training (eval uses none).
         sampler: training sampling strategy.
@@ -101,6 +120,8 @@ class CXRDataModule(L.LightningDataModule):
             before they are decoded, here and in loader workers.
         allow_outside_root: read manifest paths that leave the data root (``data.allow_outside_root``); refused
             by default (:func:`training.data.manifest.check_manifest`).
+        in_process_pixels: largest table-lookup batch (images x pixels) read in the training process rather than
+            in ``num_workers`` workers (default ``IN_PROCESS_PIXELS``; 0 always uses the workers).
     """
 
     def __init__(
@@ -123,6 +144,7 @@ class CXRDataModule(L.LightningDataModule):
         loader_settings: dict | None = None,
         max_pixels: int | None = MAX_PIXELS,
         allow_outside_root: bool = False,
+        in_process_pixels: int = IN_PROCESS_PIXELS,
     ):
         super().__init__()
         self.source = source
@@ -140,6 +162,7 @@ class CXRDataModule(L.LightningDataModule):
         self.views = None if views is None else tuple(views)
         self.loader_settings = {"pin_memory": "auto", "persistent_workers": "auto", **(loader_settings or {})}
         self.max_pixels, self.allow_outside_root = max_pixels, allow_outside_root
+        self.in_process_pixels = in_process_pixels
         self.store: np.ndarray | None = None
         self.manifest: Manifest | None = None
         self.datasets: dict[str, ManifestDataset] = {}
@@ -335,18 +358,19 @@ class CXRDataModule(L.LightningDataModule):
         """A loader with its own generator: each new iterator draws a seed from it. From the global generator, that
         draw would tie the model's random stream (dropout) to how many loaders were started, which differs between
         a resumed run and an uninterrupted one."""
+        workers = loader_workers(dataset, self.batch_size, self.num_workers, self.in_process_pixels)
         return loader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
             sampler=sampler,
             drop_last=drop_last and len(dataset) > self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=persistent
-            and persistent_workers(self.loader_settings["persistent_workers"], self.num_workers),
+            num_workers=workers,
+            persistent_workers=persistent and persistent_workers(self.loader_settings["persistent_workers"], workers),
             pin_memory=pin_memory(self.loader_settings["pin_memory"], on_cuda(self.trainer)),
             worker_init_fn=worker_init_fn,
             generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=collate_items,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -11,7 +12,7 @@ import albumentations as A
 import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from training.data.cache import FORMAT_VERSION, image_list_fingerprint
 from training.data.images import MAX_PIXELS, RESIZERS, ImageDecodeError, check_file, decode, read_grayscale, to_uint8
@@ -191,27 +192,35 @@ class ManifestDataset(Dataset):
             item["view"] = self.views[index]  # () int64, -1 = unknown
         return item
 
-    def __getitems__(self, indices: list[int]) -> list[dict]:
+    def __getitems__(self, indices: list[int]) -> Sequence[dict]:
         """A batch's items at once (the loader's batched fetch): what ``[self[i] for i in indices]`` gives.
 
         When the pipeline is only the normalisation (evaluation, training without augmentation) and the images are
-        in memory, it maps pixel values through a 256-entry table for the whole batch in one step; at small image
-        sizes the per-item pipeline call costs more than the model's step, so the loader, not the model, set the
-        pace. Any other pipeline goes item by item.
+        in memory, it maps pixel values through a 256-entry table for the whole batch in one step and returns the
+        batch already stacked (:class:`StackedItems`, which :func:`collate_items` hands on as it is); at small image
+        sizes the per-item pipeline call, and then splitting the batch into items only for the collate function to
+        stack them again, cost more than the model's step, so the loader, not the model, set the pace. Any other
+        pipeline goes item by item.
         """
         table = self._pixel_table()
         if table is None or self.store is None:
             return [self[index] for index in indices]
         rows = np.asarray(indices, dtype=np.int64)
         store = self.store.view(np.ndarray) if isinstance(self.store, np.memmap) else self.store
-        images = torch.from_numpy(table[store[rows if self.positions is None else self.positions[rows]]])
-        targets = torch.from_numpy(self.targets.numpy()[rows])
-        items = [{"image": image, "target": target, "index": index}
-                 for image, target, index in zip(images.unsqueeze(1).unbind(0), targets.unbind(0), indices, strict=True)]  # fmt: skip
+        batch = {
+            "image": torch.from_numpy(table[store[rows if self.positions is None else self.positions[rows]]]).unsqueeze(1),
+            "target": torch.from_numpy(self.targets.numpy()[rows]),
+            "index": torch.from_numpy(rows),
+        }  # fmt: skip
         if self.views is not None:
-            for item, view in zip(items, torch.from_numpy(self.views.numpy()[rows]).unbind(0), strict=True):
-                item["view"] = view
-        return items
+            batch["view"] = torch.from_numpy(self.views.numpy()[rows])
+        return StackedItems(batch)
+
+    @property
+    def batch_pixels_in_memory(self) -> bool:
+        """Whether :meth:`__getitems__` serves a batch with one table lookup (images in memory, pipeline a pure
+        per-pixel map): such a batch costs the training process less than receiving it from a loader worker."""
+        return self.store is not None and self._pixel_table() is not None
 
     def _pixel_table(self) -> np.ndarray | None:
         """``(256,)`` float32: the pipeline's output for each uint8 value, when the pipeline is a pure per-pixel map
@@ -237,6 +246,27 @@ class ManifestDataset(Dataset):
         if isinstance(state["store"], MappedArray):
             state["store"] = state["store"].open()
         self.__dict__.update(state)
+
+
+class StackedItems(Sequence):
+    """A batch's items held as the stacked batch: item ``k`` is row ``k`` of every tensor (``"index"`` as an int, as
+    :meth:`ManifestDataset.__getitem__` gives it), so ``default_collate`` of it is ``batch``, value for value."""
+
+    def __init__(self, batch: dict[str, torch.Tensor]):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["index"])
+
+    def __getitem__(self, k: int) -> dict:
+        if not -len(self) <= k < len(self):
+            raise IndexError(k)
+        return {key: int(value[k]) if key == "index" else value[k] for key, value in self.batch.items()}
+
+
+def collate_items(items: Sequence[dict]) -> dict:
+    """The loaders' collate function: a :class:`StackedItems` batch as it is, anything else by ``default_collate``."""
+    return items.batch if isinstance(items, StackedItems) else default_collate(items)
 
 
 class MappedArray(NamedTuple):
