@@ -21,6 +21,9 @@ from training.data.heterogeneity import measure
 from training.data.images import MAX_PIXELS, check_file, read_grayscale
 from training.data.manifest import SPLITS, check_manifest, csv_line, outside_roots
 
+#: Rows a file-check thread handles per task.
+CHUNK = 512
+
 
 @dataclass
 class DataReport:
@@ -109,19 +112,23 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         else partial(check_file, max_pixels=max_pixels)
     )
     outside = set(outside_roots(table["path"], image_roots)) if image_roots is not None else set()
+    paths = table["path"].to_numpy(dtype=object)
 
-    def probe(index_path):
-        index, rel = index_path
+    def probe(index: int) -> str | None:
         if index in outside:  # reported by the manifest check; never opened
             return None
         try:
-            check(root / rel)
+            check(root / paths[index])
             return None
         except (OSError, ValueError) as error:
             return f"line {csv_line(index)}, column 'path', image {table.at[index, 'image_id']!r}: {error}"
 
-    with ThreadPoolExecutor(workers) as pool:
-        bad = [m for m in pool.map(probe, enumerate(table["path"])) if m]
+    def probe_chunk(begin: int) -> list[str]:
+        """One task per ``CHUNK`` rows: a task (and its future) per row cost a third of the check at 270k rows."""
+        return [message for index in range(begin, min(begin + CHUNK, len(paths))) if (message := probe(index))]
+
+    with ThreadPoolExecutor(workers) as pool:  # chunks in row order, so the problems are listed by line
+        bad = [message for chunk in pool.map(probe_chunk, range(0, len(paths), CHUNK)) for message in chunk]
     how = "decoded" if decode else "header and end marker checked"
     report.sections["files"] = f"{len(table) - len(bad)} of {len(table)} readable ({how})"
     report.errors += bad
