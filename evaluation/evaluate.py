@@ -29,7 +29,7 @@ from evaluation.report import write_html, write_report
 from evaluation.suite import COUNT_SUFFIXES, SuiteResult, compute_suite
 from evaluation.tables import PER_CLASS_TABLE, logged_tables_tag, per_class_metric_names, per_class_table, write_table
 from evaluation.thresholds import select_thresholds
-from evaluation.tta import TTAPredictor
+from evaluation.tta import Identity, TTAPredictor
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,18 @@ def _prefixed(prefix: str, metrics: dict[str, float], macros_only: bool = False)
     return {f"{prefix}/{key}": value for key, value in metrics.items() if keep(key) and np.isfinite(value)}
 
 
-def evaluate(model, datamodule, cfg) -> Evaluation:
+def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Evaluation:
     """Run every configured metric set on the test split.
+
+    Each model pass over a split happens once: the TTA views include the plain one, whose logits are the plain
+    test predictions, and the validation logits may come from the caller (the temperature fit already ran the
+    model over validation). Same batches, same model, so the same numbers as a second pass would give.
 
     Args:
         model: a ``MultiLabelClassifier`` holding the weights to judge (the best checkpoint).
         datamodule: the set-up ``CXRDataModule`` the model was trained on.
         cfg: the ``evaluation`` config node, plus ``tta`` (see ``configs/evaluation``, ``configs/tta``).
+        val_logits: ``(N, C)`` validation logits of ``model`` exactly as it is now, or None to compute them.
     """
     labels = list(model.labels)
     groups = model.groups
@@ -106,9 +111,16 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
                  threshold=cfg.evaluation.threshold, class_groups=groups)  # fmt: skip
     test_targets = datamodule.datasets["test"].targets.numpy()
     val_targets = datamodule.datasets["val"].targets.numpy()
-    val_probs = predict(model, datamodule, "val")
+    plain = TTAPredictor(["identity"])
+    val_probs = predict(model, datamodule, "val") if val_logits is None else plain.merge(val_logits[None])
     suite["val_thresholds"] = select_thresholds(val_targets, val_probs)
-    test_probs = predict(model, datamodule, "test")
+    tta = TTAPredictor.from_config(cfg.tta) if cfg.tta.enabled else None
+    identity = next((i for i, view in enumerate(tta.views) if isinstance(view, Identity)), None) if tta else None
+    if identity is None:
+        test_probs, tta_probs = predict(model, datamodule, "test"), None
+    else:  # one pass for both: the plain predictions are the identity view's
+        tta_logits = tta.predict_logits(model, datamodule.eval_dataloader("test"))
+        test_probs, tta_probs = plain.merge(tta_logits[identity : identity + 1]), tta.merge(tta_logits)
     predictions = {
         "val": _frame(datamodule, "val", val_probs, labels),
         "test": _frame(datamodule, "test", test_probs, labels),
@@ -128,9 +140,8 @@ def evaluate(model, datamodule, cfg) -> Evaluation:
         # Thresholds re-chosen on post-processed validation scores: the processors change the probability scale.
         thresholds = select_thresholds(val_targets, processor(val_probs, labels, prevalence))
         add(f"test_{processor.name}", processor(test_probs, labels, prevalence), True, val_thresholds=thresholds)
-    if cfg.tta.enabled:
-        predictor = TTAPredictor.from_config(cfg.tta)
-        tta_probs = predictor.predict(model, datamodule.eval_dataloader("test"))
+    if tta is not None:
+        tta_probs = tta.predict(model, datamodule.eval_dataloader("test")) if tta_probs is None else tta_probs
         add("test_tta", tta_probs, macros_only=True)
         predictions["test_tta"] = _frame(datamodule, "test", tta_probs, labels)
     if cfg.evaluation.perturbation.enabled:

@@ -132,6 +132,9 @@ class TemperatureResult:
     metrics: dict[str, float] = field(default_factory=dict)
     #: classes whose temperature fell back to the global one (no validation positive or no negative)
     fallback: list[str] = field(default_factory=list)
+    #: ``(N, C)`` float32 validation logits of the unscaled model, as the fit read them: the test phase's
+    #: validation predictions when the temperature is not applied (the model is then exactly that model)
+    val_logits: np.ndarray | None = field(default=None, repr=False)
 
     def add_test(self, targets: np.ndarray, applied_probs: np.ndarray) -> None:
         """Test ECE before and after from the probabilities the test phase scored (those of the applied buffer).
@@ -215,13 +218,15 @@ def calibrate(model, datamodule, calibration_cfg) -> TemperatureResult | None:
         return None
     with torch.no_grad():
         model.logit_temperature.fill_(1.0)  # fit on the unscaled logits, whatever a reloaded checkpoint held
-    logits = TTAPredictor(["identity"]).predict_logits(model, loader)[0].astype(np.float64)  # (N, C)
+    raw = TTAPredictor(["identity"]).predict_logits(model, loader)[0]  # (N, C) float32
+    logits = raw.astype(np.float64)
     targets = datamodule.datasets["val"].targets.numpy()
     temperature = fitter.fit(logits, targets)
     labels = list(model.labels)
     undetermined = ~(((targets == 1).any(0)) & ((targets == 0).any(0)))
     fallback = [name for name, flag in zip(labels, undetermined, strict=True) if flag and fitter.mode == "per_class"]
-    result = TemperatureResult(fitter.mode, configured is not None, temperature, labels, fallback=fallback)
+    result = TemperatureResult(fitter.mode, configured is not None, temperature, labels, fallback=fallback,
+                               val_logits=raw)  # fmt: skip
     result.record("val", targets, scaled_probs(logits, np.ones_like(temperature)), scaled_probs(logits, temperature))
     if result.applied:
         with torch.no_grad():

@@ -53,7 +53,8 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
     """
     # First, so every prediction below (test, TTA, perturbed, held-out, predictions/*.csv) is of the scaled model.
     temperature = calibrate(model, datamodule, cfg.get("calibration"))
-    evaluation = evaluate(model, datamodule, cfg)
+    unscaled = temperature is not None and not temperature.applied  # then the fit's validation pass is this model's
+    evaluation = evaluate(model, datamodule, cfg, val_logits=temperature.val_logits if unscaled else None)
     if temperature is not None:
         temperature.add_test(datamodule.datasets["test"].targets.numpy(), evaluation.sets["test"].probs)
         evaluation.metrics.update(temperature.logged())
