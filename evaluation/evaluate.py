@@ -117,7 +117,8 @@ def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Ev
     tta = TTAPredictor.from_config(cfg.tta) if cfg.tta.enabled else None
     identity = next((i for i, view in enumerate(tta.views) if isinstance(view, Identity)), None) if tta else None
     if identity is None:
-        test_probs, tta_probs = predict(model, datamodule, "test"), None
+        test_probs = predict(model, datamodule, "test")
+        tta_probs = tta.predict(model, datamodule.eval_dataloader("test")) if tta else None
     else:  # one pass for both: the plain predictions are the identity view's
         tta_logits = tta.predict_logits(model, datamodule.eval_dataloader("test"))
         test_probs, tta_probs = plain.merge(tta_logits[identity : identity + 1]), tta.merge(tta_logits)
@@ -140,8 +141,7 @@ def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Ev
         # Thresholds re-chosen on post-processed validation scores: the processors change the probability scale.
         thresholds = select_thresholds(val_targets, processor(val_probs, labels, prevalence))
         add(f"test_{processor.name}", processor(test_probs, labels, prevalence), True, val_thresholds=thresholds)
-    if tta is not None:
-        tta_probs = tta.predict(model, datamodule.eval_dataloader("test")) if tta_probs is None else tta_probs
+    if tta_probs is not None:
         add("test_tta", tta_probs, macros_only=True)
         predictions["test_tta"] = _frame(datamodule, "test", tta_probs, labels)
     if cfg.evaluation.perturbation.enabled:

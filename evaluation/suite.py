@@ -475,8 +475,7 @@ def compute_suite(
                 run_chunk(start)
         else:
             with ThreadPoolExecutor(workers, thread_name_prefix="suite") as pool:
-                for done in pool.map(run_chunk, starts):  # re-raises a chunk's error here
-                    del done
+                list(pool.map(run_chunk, starts))  # re-raises a chunk's error here
 
     result = SuiteResult(
         metrics={},

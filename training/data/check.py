@@ -8,7 +8,6 @@ that each file exists) and prints the counts a reader wants before spending hour
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,9 +19,7 @@ from training.data.findings import KNOWN_FINDINGS
 from training.data.heterogeneity import measure
 from training.data.images import MAX_PIXELS, check_file, read_grayscale
 from training.data.manifest import SPLITS, check_manifest, csv_line, outside_roots
-
-#: Rows a file-check thread handles per task.
-CHUNK = 512
+from training.data.row_tasks import row_problems
 
 
 @dataclass
@@ -123,12 +120,7 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
         except (OSError, ValueError) as error:
             return f"line {csv_line(index)}, column 'path', image {table.at[index, 'image_id']!r}: {error}"
 
-    def probe_chunk(begin: int) -> list[str]:
-        """One task per ``CHUNK`` rows: a task (and its future) per row cost a third of the check at 270k rows."""
-        return [message for index in range(begin, min(begin + CHUNK, len(paths))) if (message := probe(index))]
-
-    with ThreadPoolExecutor(workers) as pool:  # chunks in row order, so the problems are listed by line
-        bad = [message for chunk in pool.map(probe_chunk, range(0, len(paths), CHUNK)) for message in chunk]
+    bad = row_problems(probe, len(paths), workers)  # in row order, so the problems are listed by line
     how = "decoded" if decode else "header and end marker checked"
     report.sections["files"] = f"{len(table) - len(bad)} of {len(table)} readable ({how})"
     report.errors += bad

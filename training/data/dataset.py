@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,14 +15,13 @@ from torch.utils.data import Dataset, default_collate
 
 from training.data.cache import FORMAT_VERSION, image_list_fingerprint
 from training.data.images import MAX_PIXELS, RESIZERS, ImageDecodeError, check_file, decode, read_grayscale, to_uint8
+from training.data.row_tasks import row_problems
 from training.data.targeted_augment import CLASS_TARGETS
 
 # Projection spellings seen across sources (NIH "PA"/"AP", MIMIC "AP AXIAL", "XTABLE LATERAL", "LL", PadChest
 # "AP_horizontal", lower case from hand-made manifests) folded onto one name, so a view-routed model configured
 # with ``views: [PA, AP, LATERAL]`` routes every source alike.
 VIEW_SYNONYMS = {"PA": "PA", "POSTEROANTERIOR": "PA", "AP": "AP", "ANTEROPOSTERIOR": "AP"}
-#: Rows a preload or check thread handles per task.
-CHUNK = 512
 LATERAL_WORDS = {"LATERAL", "LAT", "LL", "RL", "LLAT", "RLAT"}
 NO_VIEW = {"", "NAN", "NONE", "NULL", "NA", "UNKNOWN"}
 
@@ -129,11 +127,7 @@ class ManifestDataset(Dataset):
                 return f"image {self.image_ids[index]!r}: {error}"
             return None
 
-        def attempt_chunk(begin: int) -> list[str]:  # one task per chunk: no Future per row at 270k rows
-            return [message for index in range(begin, min(begin + CHUNK, n)) if (message := attempt(index))]
-
-        with ThreadPoolExecutor(threads) as pool:
-            failed = [message for chunk in pool.map(attempt_chunk, range(0, n, CHUNK)) for message in chunk]
+        failed = row_problems(attempt, n, threads)
         if failed:
             shown = failed[:10] + ([f"... and {len(failed) - 10} more"] if len(failed) > 10 else [])
             raise ImageDecodeError(f"{len(failed)} of {n} images cannot be read (`make data-check` "
