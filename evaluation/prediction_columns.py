@@ -5,15 +5,14 @@ Files are written in one of two spellings and read in either:
 - the platform's, of manifests and run predictions (``predictions/<split>.csv``, written by the test phase):
   :data:`ID_COLUMN` (``image_id``), the labels as the task config writes them (``Pleural Effusion``) and, in run
   predictions, one :data:`TRUE_PREFIX` column per label;
-- the organisers', of a submission (docs/rules.md §1): :data:`SUBMISSION_ID_COLUMN` (``ImageID``) and their
-  lower-case class names (``pleural effusion``), or an organisers' template's own header, copied exactly.
+- the organisers', of their release and a submission (docs/rules.md §1): :data:`SUBMISSION_ID_COLUMN`
+  (``ImageID``) and their class columns (``pleural effusion``, ``pneumoperitoneo``: :mod:`evaluation.organiser_names`).
 
 A reader never asks which spelling a file uses: the id column is the one whose :func:`key` is an id's
 (``image_id``, ``ImageID``, ``Image ID``...), and a class column names a label when their keys are equal (case,
-spaces, underscores and hyphens ignored). :func:`to_platform` renames a file into the platform's spelling, so a
+spaces, underscores and hyphens ignored, the organisers' spellings read as the paper's names). :func:`to_platform` renames a file into the platform's spelling, so a
 submission written by ``make submit`` is scored by ``make score`` as written, and an export spelt either way is
-scored by the same rules. Before this module the submission writer wrote ``ImageID`` and organiser names while
-``make score`` demanded ``image_id`` and the config's names, and refused the platform's own submission.
+scored by the same rules.
 """
 
 from __future__ import annotations
@@ -22,6 +21,8 @@ import re
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
+
+from evaluation.organiser_names import ORGANISER_SPELLING
 
 #: The id column of manifests and run predictions.
 ID_COLUMN = "image_id"
@@ -37,9 +38,19 @@ class PredictionsError(ValueError):
     """Predictions that cannot be scored; the message names the file, row and column."""
 
 
-def key(name: object) -> str:
-    """Case-, space-, underscore- and hyphen-insensitive key: ``'Pleural_Effusion ' -> 'pleuraleffusion'``."""
+def _plain(name: object) -> str:
     return re.sub(r"[\s_\-]+", "", str(name)).lower()
+
+
+#: The organisers' spellings that differ from the paper's by more than case and spacing, as keys.
+_ORGANISER_KEYS = {_plain(column): _plain(paper) for paper, column in ORGANISER_SPELLING.items()}
+
+
+def key(name: object) -> str:
+    """Case-, space-, underscore- and hyphen-insensitive key, the organisers' spelling read as the paper's:
+    ``'Pleural_Effusion ' -> 'pleuraleffusion'``, ``'pneumoperitoneo' -> 'pneumoperitoneum'``."""
+    plain = _plain(name)
+    return _ORGANISER_KEYS.get(plain, plain)
 
 
 def id_column(columns: Iterable[object]) -> str | None:

@@ -1,10 +1,10 @@
 """One place mapping finding names between spellings: the paper's, the organisers' columns, and other releases.
 
-The CXR-LT 2026 overview paper writes findings in title case ("Pleural Effusion"); the organisers' label tables
-and submission template follow PadChest's lower-case spelling ("pleural effusion"), and users' own exports add
-underscores or change case. Adapters read any of these through :func:`canonical_name`, and the submission writer
-writes :data:`ORGANISER_SPELLING` (or, when the organisers' template is given, the template's own header), so a
-spelling difference can never silently create an all-negative class.
+The CXR-LT 2026 overview paper writes findings in title case ("Pleural Effusion"); the organisers' files mix
+cases and languages ("aortic elongation", "Support Devices", "pneumoperitoneo"; the exact table is
+:mod:`evaluation.organiser_names`), and users' own exports add underscores or change case. Adapters read any of
+these through :func:`canonical_name`, and the submission writer writes the organisers' columns, so a spelling
+difference can never silently create an all-negative class.
 """
 
 from __future__ import annotations
@@ -12,24 +12,25 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from training.data.findings import KNOWN_FINDINGS, TASK1_LABELS, TASK2_LABELS
+from evaluation.organiser_names import ORGANISER_SPELLING
+from training.data.findings import KNOWN_FINDINGS
 
-#: Paper name -> the organisers' column name in label tables and the submission template.
-ORGANISER_SPELLING: dict[str, str] = {name: name.lower() for name in TASK1_LABELS + TASK2_LABELS}
 
-#: Further spellings seen in other releases, normalised key -> paper name.
+def normalise(name: str) -> str:
+    """Case-, space-, underscore- and hyphen-insensitive key: ``'Pleural_Effusion ' -> 'pleural effusion'``."""
+    return re.sub(r"[\s_\-]+", " ", str(name)).strip().lower()
+
+
+#: Further spellings seen in other releases, normalised key -> paper name; the organisers' spellings that differ
+#: from the paper's by more than case (``pneumoperitoneo``) come from their table.
 ALIASES: dict[str, str] = {
     "effusion": "Pleural Effusion",  # NIH's name for the same finding, when mapping into CXR-LT names
     "pleural_thickening": "Pleural Thickening",
     "cvc": "Central Venous Catheter",
     "hiatal hernia": "Hernia",
     "lymphadenopathy": "Adenopathy",
+    **{normalise(column): paper for paper, column in ORGANISER_SPELLING.items() if normalise(column) != normalise(paper)},
 }
-
-
-def normalise(name: str) -> str:
-    """Case-, space-, underscore- and hyphen-insensitive key: ``'Pleural_Effusion ' -> 'pleural effusion'``."""
-    return re.sub(r"[\s_\-]+", " ", str(name)).strip().lower()
 
 
 def canonical_name(name: str, vocabulary: Iterable[str] = KNOWN_FINDINGS) -> str | None:
