@@ -58,7 +58,7 @@ evaluate: setup ## Re-evaluate a finished run into itself: make evaluate RUN=<ru
 	@test -n "$(RUN)" || { echo "usage: make evaluate RUN=<run id> [ARGS=...]"; exit 2; }
 	$(PY) -m apps.evaluate run=$(RUN) $(ARGS)
 
-score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=<manifest | release label table or folder> [SPLIT=test] [DATA=cxrlt2026]; concept tasks: PREDICTIONS=<run file> MANIFEST=<ID,CUIs table> [MANUAL=<manual table>] [NAMES=cui_mapping.csv]
+score: setup ## Score a predictions CSV: make score PREDICTIONS=preds.csv MANIFEST=<manifest | label table in the organisers' layout> [SPLIT=test] [DATA=cxrlt2026]; concept tasks: PREDICTIONS=<run file> MANIFEST=<ID,CUIs table> [MANUAL=<manual table>] [NAMES=cui_mapping.csv]
 	$(PY) -m apps.score $(PREDICTIONS) $(MANIFEST) --split $(or $(SPLIT),test) --task $(TASK) \
 		$(if $(filter command line environment,$(origin DATA)),--data $(DATA)) \
 		$(if $(MANUAL),--manual '$(MANUAL)') $(if $(NAMES),--names '$(NAMES)') $(if $(SECONDARY),--secondary $(SECONDARY))

@@ -36,6 +36,7 @@ from apps.score_truth import read_truth
 from apps.submission import SubmissionError, submission_format
 from evaluation.bootstrap import resample_indices
 from evaluation.intervals import CI_RULE, left_out_note
+from evaluation.prediction_columns import id_column
 from evaluation.predictions import PredictionsError, align_predictions, read_predictions
 from evaluation.report import chain_rule, headline_rows, ranking_chain
 from evaluation.scopes import unseen_scopes
@@ -58,11 +59,15 @@ SECONDARY: dict[str, Callable[[dict], frozenset[str]]] = {
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("predictions", type=Path)
-    parser.add_argument("manifest", type=Path, help="a manifest; for concept tasks the ID,CUIs ground-truth table")
+    parser.add_argument(
+        "manifest",
+        type=Path,
+        help="a manifest or a label table in the organisers' layout; for concept tasks the ID,CUIs ground-truth table",
+    )
     parser.add_argument("--split", default="test")
     parser.add_argument("--task", default="task1")
     parser.add_argument("--n-boot", type=int, default=1000)
-    parser.add_argument("--data", default=None, help="the data config whose release table or internal_source to use")
+    parser.add_argument("--data", default=None, help="the data config whose internal_source to use")
     parser.add_argument("--manual", type=Path, default=None, help="concept tasks: the manual table (secondary F1)")
     parser.add_argument("--secondary", default="2024", choices=sorted(SECONDARY), help="concept tasks: its vocabulary")
     parser.add_argument("--names", type=Path, default=None, help="concept tasks: CUI,name table for the report")
@@ -89,9 +94,10 @@ def score(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Score a probability CSV; with several sources, the pooled test (resampled within source) and the internal
     and external tests each (docs/rules.md §1, §3). Returns ``{scope: metrics}``."""
     labels = task_labels(args.task)
-    truth = read_truth(args.manifest, labels, args.split, getattr(args, "data", None))
-    targets, probs = align_predictions(read_predictions(args.predictions), truth.frame, labels,
-                                       source=str(args.predictions))  # fmt: skip
+    predictions = read_predictions(args.predictions)
+    ids = predictions[column] if (column := id_column(predictions.columns)) else None
+    truth = read_truth(args.manifest, labels, args.split, getattr(args, "data", None), ids=ids)
+    targets, probs = align_predictions(predictions, truth.frame, labels, source=str(args.predictions))
     sources = truth.sources if truth.sources is not None and len(set(truth.sources)) > 1 else None
     results = {"all": compute_suite(targets, probs, labels, n_boot=args.n_boot, strata=sources).metrics}
     for scope, rows in unseen_scopes(sources, truth.internal).items():

@@ -123,6 +123,7 @@ class SeenOnlySource:
     def run_tags(self) -> dict[str, str]:
         """MLflow tags saying what the guard did (set once ``prepare`` ran)."""
         tags = {
+            **getattr(self.source, "run_tags", {}),  # what the wrapped adapter records (the release's removals)
             "cxrlt.leak_guard.unseen": ",".join(self.unseen),
             "cxrlt.leak_guard.dropped_columns": ",".join(self.dropped) or "(none present)",
             "cxrlt.leak_guard.full_manifest_fingerprint": file_fingerprint(self.full_manifest)

@@ -1,9 +1,4 @@
-"""Any label table plus an image folder, described in YAML: the generic adapter and the base of CXR-LT 2026's.
-
-CXR-LT 2026 as distributed (docs/data.md, "CXR-LT 2026 release") is such a table with the release's own split
-information and no patient ids; :class:`CXRLT2026Source` reads it, plus Task 2's NIH external test when configured
-(:mod:`training.data.adapters.nih_external`).
-"""
+"""Any label table plus an image folder, described in YAML: the generic adapter (``data=csv``)."""
 
 from __future__ import annotations
 
@@ -15,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
-from training.data.adapters.nih_external import NIHExternal
 from training.data.adapters.tables import (
     id_problems,
     label_values,
@@ -34,9 +28,6 @@ SPLIT_NAMES = {  # spellings of split values seen in releases -> manifest split
     "development": "val", "test": "test", "testing": "test",
 }  # fmt: skip
 _TOLD_NO_PATIENTS: set[tuple[str, str]] = set()  # (source name, root) already told it has no patient column
-
-#: CXR-LT 2026's split spellings: Task 1 train/development/test, Task 2 development/internal test/external test.
-CXRLT_SPLIT_NAMES = {**SPLIT_NAMES, "internal_test": "test", "external_test": "test"}
 
 
 def split_key(value: str) -> str:
@@ -72,11 +63,6 @@ class TableSource(AdapterSource):
         vocabulary: finding names a label may resolve to.
         **kwargs: see :class:`AdapterSource`.
     """
-
-    #: Whether every per-split table must carry the same label columns. A release that labels more classes in its
-    #: evaluation tables than in its training table (CXR-LT 2026: Task 2's classes) sets False: a class a table
-    #: lacks is then "not labelled" (empty) on its rows, never negative.
-    same_labels_in_every_table: bool = True
 
     def __init__(
         self,
@@ -162,7 +148,7 @@ class TableSource(AdapterSource):
             candidates = [c for c in raw.columns if c not in skip]
         mapping = match_label_columns(candidates, self.vocabulary, path, self.label_map, self.ignore_columns)
         labels = tuple(mapping.values())
-        if self.same_labels_in_every_table and self._labels and set(labels) != set(self._labels):
+        if self._labels and set(labels) != set(self._labels):
             problems.append(
                 f"{path}: label columns {sorted(labels)} differ from the other tables' {sorted(self._labels)}"
             )
@@ -207,62 +193,4 @@ class TableSource(AdapterSource):
         return self.source_label
 
 
-class CXRLT2026Source(TableSource):
-    """The CXR-LT 2026 release as distributed: images, ``ImageID``-keyed labels and the release's split information.
-
-    Participants get no patient ids, so none is required: each image is its own patient (as for ROCOv2), the log
-    says so once and ``make data-check`` reports patient-disjointness as not checkable; a ``patient_column``
-    is still read when configured. The splits are the release's own (a split column or one table per split,
-    ``split_names`` maps their spellings): train -> train, development -> val (model selection), test /
-    internal test / external test -> test. Rows of an ``external_splits`` split are the NIH external test
-    (``source`` = ``external_source``), all others PadChest (``source_label``); ``external`` adds that test from an
-    NIH folder (:class:`training.data.adapters.nih_external.NIHExternal`). Class columns may use the organisers'
-    spelling (:mod:`training.data.label_names`), and a table may label more classes than another (Task 2's six on
-    the evaluation rows only): the missing ones are not labelled. Every setting is in
-    ``configs/data/cxrlt2026.yaml``; docs/data.md, "CXR-LT 2026 release".
-
-    Args:
-        external_splits: release split names whose rows are NIH images.
-        external_source: the ``source`` of NIH rows.
-        external: ``{root, list, labels, ...}`` of :class:`NIHExternal`, or None.
-        **kwargs: see :class:`TableSource`.
-    """
-
-    same_labels_in_every_table = False
-
-    def __init__(self, root: str, name: str = "cxrlt2026", image_column: str = "ImageID", id_column: str = "ImageID",
-                 patient_column: str | None = None, source_label: str = "padchest",
-                 external_splits: Sequence[str] = ("external_test",), external_source: str = "nih",
-                 external: Mapping | None = None, split_names: Mapping[str, str] | None = None, **kwargs):  # fmt: skip
-        super().__init__(root, name, image_column=image_column, id_column=id_column, patient_column=patient_column,
-                         source_label=source_label, split_names=split_names or CXRLT_SPLIT_NAMES, **kwargs)  # fmt: skip
-        self.external_splits = tuple(split_key(s) for s in external_splits)
-        unknown = [s for s in self.external_splits if s not in self.split_names]
-        raise_if([f"external split {s!r} is none of the split names {sorted(self.split_names)}" for s in unknown],
-                 "data.source.external_splits")  # fmt: skip
-        self.external_source = external_source
-        self.external = NIHExternal(**{"source": external_source, **dict(external)}) if external else None
-
-    @property
-    def extra_image_roots(self) -> tuple[Path, ...]:
-        """The NIH folder, whose images the manifest names by absolute path: a root they may lie under
-        (:func:`training.data.sources.image_roots`)."""
-        return (Path(self.external.root).expanduser(),) if self.external is not None else ()
-
-    def sources(self, release: pd.Series) -> pd.Series:
-        return release.isin(self.external_splits).map({True: self.external_source, False: self.source_label})
-
-    def build(self) -> pd.DataFrame:
-        table = super().build()
-        if self.external is None:
-            return table
-        nih = self.external.build(self.vocabulary)
-        self._labels = tuple(dict.fromkeys(self._labels + tuple(c for c in nih.columns if c in self.vocabulary)))
-        clash = sorted(set(nih["image_id"]) & set(table["image_id"]))
-        raise_if([f"NIH external image id {i!r} is also in the release's tables" for i in clash[:10]],
-                 "data.source.external")  # fmt: skip
-        log.info("%s: NIH external test: %d images (source %r)", self.name, len(nih), self.external_source)
-        return pd.concat([table, nih], ignore_index=True)
-
-
-__all__ = ["AdapterError", "CXRLT2026Source", "TableSource"]
+__all__ = ["AdapterError", "TableSource"]
