@@ -74,10 +74,10 @@ def _labels(rng: np.random.Generator, n: int, columns, prevalence: float = 0.25)
     return out
 
 
-def _write_image(path: Path, rng: np.random.Generator, size: int) -> None:
+def _write_image(path: Path, rng: np.random.Generator, size: int, bits: int = 16) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pixels = np.clip(rng.uniform(0.2, 0.8) + 0.15 * rng.standard_normal((size, size)), 0, 1)
-    cv2.imwrite(str(path), (pixels * 65535).astype(np.uint16))
+    cv2.imwrite(str(path), (pixels * (2**bits - 1)).astype(np.uint16 if bits == 16 else np.uint8))
 
 
 def write_release(root: Path, *, n_train: int = 96, n_task1: int = 24, n_task2: int = 12, n_patients: int = 40,
@@ -130,3 +130,28 @@ def write_release(root: Path, *, n_train: int = 96, n_task1: int = 24, n_task2: 
     padchest.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({"ImageID": ids, "ImageDir": 0, "PatientID": [true[i] for i in ids]}).to_csv(padchest, index=False)
     return Release(root, training, true, {"task1": task1, "task2": task2}, eval_ids[:leaked], padchest)
+
+
+#: The NIH findings of the external test's stand-in images, one per image in turn (``Data_Entry`` spelling).
+NIH_FINDINGS = ("Effusion", "No Finding", "Cardiomegaly|Effusion", "Infiltration", "Nodule")
+
+
+def write_nih_external(root: Path, rng: np.random.Generator, n: int, size: int) -> dict:
+    """An NIH folder (``nih/images``, ``nih/Data_Entry_2017_v2020.csv``) and the organisers' list beside the release.
+
+    NIH's table holds two more images than the list (not in the external test); the list gives the six unseen
+    classes and no seen class, so the seen ones come from NIH's labels (the stand-in's mapping).
+    """
+    nih = root / "nih"
+    (nih / "images").mkdir(parents=True, exist_ok=True)
+    names = [f"{i + 1:08d}_000.png" for i in range(n + 2)]
+    for name in names:
+        _write_image(nih / "images" / name, rng, size, 8)
+    pd.DataFrame({
+        "Image Index": names, "Finding Labels": [NIH_FINDINGS[i % len(NIH_FINDINGS)] for i in range(len(names))],
+        "Follow-up #": 0, "Patient ID": [str(1000 + i // 2) for i in range(len(names))], "Patient Age": 50,
+        "Patient Gender": "F", "View Position": "PA",
+    }).to_csv(nih / "Data_Entry_2017_v2020.csv", index=False)  # fmt: skip
+    listed = pd.DataFrame({"ImageID": [n_[:-4] for n_ in names[:n]], **_labels(rng, n, TASK2_COLUMNS.values(), 0.3)})
+    listed.to_csv(root / "nih_external_test.csv", index=False)
+    return {"root": str(nih), "list": str(root / "nih_external_test.csv"), "labels": "Data_Entry_2017_v2020.csv"}

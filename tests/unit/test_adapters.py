@@ -10,7 +10,7 @@ import pytest
 from training.data.adapters.base import AdapterError
 from training.data.adapters.kermany import KermanySource, parse_name, patient_key
 from training.data.adapters.nih14 import NIH14Source
-from training.data.adapters.table import CXRLT2026Source, TableSource
+from training.data.adapters.table import TableSource
 from training.data.findings import NIH14_LABELS
 from training.data.label_names import ORGANISER_SPELLING, canonical_name
 from training.data.manifest import ManifestError, load_manifest
@@ -105,7 +105,7 @@ def test_nih_unknown_finding_names_its_line(tmp_path):
 
 
 def cxrlt_release(root, ids, patients=None, extra=None):
-    """One ``train_labels.csv``; a ``PatientID`` column only when ``patients`` are given (the release has none)."""
+    """A generic table keyed by ``ImageID`` (``train_labels.csv``); a ``PatientID`` column only when given."""
     (root / "images").mkdir(parents=True)
     for i in ids:
         if "E+" not in i:
@@ -119,8 +119,8 @@ def test_cxrlt_ids_stay_text_and_organiser_names_map_to_the_papers(tmp_path):
     """A user who has patient ids configures the column and gets patient-disjoint splits of it."""
     ids = [f"00{i}12345678901234" for i in range(20)]
     cxrlt_release(tmp_path / "r", ids, [f"0{i // 2}" for i in range(20)])
-    source = CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", image_dir="images", image_suffix=".png",
-                             patient_column="PatientID", out_dir=str(tmp_path / "m"))  # fmt: skip
+    source = TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", image_dir="images",
+                             image_suffix=".png", patient_column="PatientID", out_dir=str(tmp_path / "m"))  # fmt: skip
     table = read(source.prepare())
     assert table["image_id"].tolist() == ids  # leading zeros and all 18 digits kept
     assert table["patient_id"].iloc[0] == "00" and source.patient_ids
@@ -131,19 +131,19 @@ def test_cxrlt_ids_stay_text_and_organiser_names_map_to_the_papers(tmp_path):
 def test_scientific_notation_ids_are_refused_with_their_line(tmp_path):
     cxrlt_release(tmp_path / "r", ["1.23457E+11", "200"])
     with pytest.raises(AdapterError, match=r"line 2, column 'ImageID': '1.23457E\+11' looks like a number"):
-        CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
+        TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")).prepare()
 
 
 def test_duplicated_ids_are_refused_with_their_lines(tmp_path):
     cxrlt_release(tmp_path / "r", ["a", "b", "a"])
     with pytest.raises(AdapterError, match=r"'a' duplicated on lines \[2, 4\]"):
-        CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
+        TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")).prepare()
 
 
 def test_unknown_class_names_are_refused_with_a_suggestion(tmp_path):
     cxrlt_release(tmp_path / "r", ["a", "b"], extra={"cardiomegalia": [0, 1]})
     with pytest.raises(AdapterError, match=r"column 'cardiomegalia': unknown class name \(did you mean 'Cardiomegaly'"):
-        CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m")).prepare()
+        TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")).prepare()
 
 
 def test_bad_label_values_are_named(tmp_path):
@@ -171,7 +171,7 @@ def test_generic_table_with_label_map_split_column_and_dicom_paths(tmp_path):
 
 def test_manifest_is_rewritten_only_when_its_content_changes(tmp_path):
     cxrlt_release(tmp_path / "r", [f"i{i}" for i in range(10)])
-    source = CXRLT2026Source(str(tmp_path / "r"), table="train_labels.csv", out_dir=str(tmp_path / "m"))
+    source = TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m"))
     first = source.prepare()
     stamp = first.stat().st_mtime_ns
     assert source.prepare() == first and first.stat().st_mtime_ns == stamp

@@ -14,11 +14,12 @@ from sklearn.metrics import average_precision_score
 
 from apps.score import score
 from apps.score_truth import TruthError, internal_source, read_truth
+from evaluation.organiser_names import TASK1_COLUMNS, TASK2_COLUMNS
 from evaluation.report import summary_lines
 from evaluation.unseen import _heldout, analyses_table, perturbation_deltas, scoped_metrics
-from tests.cxrlt2026_release import release_config, write_release
+from tests.cxrlt2026_release import DEV_LABELS, write_release
+from training.data.adapters.cxrlt2026_files import TEST_LISTS
 from training.data.findings import TASK2_LABELS
-from training.data.label_names import ORGANISER_SPELLING
 
 UNSEEN = ["Adenopathy", "Bulla", "Goiter"]
 
@@ -148,66 +149,54 @@ def test_the_report_and_the_terminal_show_every_analysis_per_scope_with_the_pert
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    """A release (one table with its split column) and the same release as one table per split."""
-    root = tmp_path_factory.mktemp("release")
-    column = write_release(root / "column", n_train=4, n_dev=4, n_test=12, n_external=8, size=8)
-    files = write_release(root / "files", layout="files", n_train=4, n_dev=4, n_test=12, n_external=8, size=8)
-    return column, files
+    return write_release(tmp_path_factory.mktemp("release") / "release", n_train=12, n_task1=4, n_task2=16, size=8)
 
 
-def test_the_release_split_information_says_which_rows_are_internal_and_external(release):
-    column, files = release
-    truth = read_truth(column.root, list(TASK2_LABELS), "test")
-    table = pd.read_csv(column.root / release_config()["table"], dtype=str)
-    test = table[table["split"].isin(["test", "external_test"])]
-    assert list(truth.frame["image_id"]) == list(test["ImageID"])
-    assert truth.internal == "padchest"
-    expected = np.where(test["split"] == "external_test", "nih", "padchest")
-    np.testing.assert_array_equal(truth.sources, expected)
-    per_split = read_truth(files.root, list(TASK2_LABELS), "test", data="cxrlt2026")
-    assert sorted(per_split.frame["image_id"]) == sorted(truth.frame["image_id"])
-    assert (pd.Series(per_split.sources).value_counts() == pd.Series(truth.sources).value_counts()).all()
-    # The table file alone reads the same as its folder.
-    assert list(read_truth(column.root / "labels.csv", list(TASK2_LABELS), "test").sources) == list(truth.sources)
-
-
-def test_a_task2_submission_scores_internal_and_external_as_sklearn_does(release, tmp_path, capsys):
-    column, _ = release
-    table = pd.read_csv(column.root / "labels.csv", dtype={"ImageID": str})
-    test = table[table["split"].isin(["test", "external_test"])].reset_index(drop=True)
+def test_a_task2_submission_in_the_organisers_spelling_scores_as_sklearn_does(release, tmp_path):
+    table = pd.read_csv(release.root / DEV_LABELS["task2"], dtype={"ImageID": str})
     rng = np.random.default_rng(5)
-    columns = [ORGANISER_SPELLING[n] for n in TASK2_LABELS]
-    submission = pd.DataFrame({"ImageID": test["ImageID"], **{c: rng.random(len(test)).round(4) for c in columns}})
+    columns = list(TASK2_COLUMNS.values())  # "goiter", as Eval_Class_Task2.txt spells it
+    submission = pd.DataFrame({"ImageID": table["ImageID"], **{c: rng.random(len(table)) for c in columns}})
     path = tmp_path / "task2.csv"
     submission.to_csv(path, index=False)
-    args = SimpleNamespace(predictions=path, manifest=column.root, split="test", task="task2", n_boot=20, data=None)
+    args = SimpleNamespace(predictions=path, manifest=release.root / DEV_LABELS["task2"], split="test", task="task2",
+                           n_boot=20, data=None)  # fmt: skip
     results = score(args)
-    for scope, rows in (("internal", test["split"] == "test"), ("external", test["split"] == "external_test"),
-                        ("all", slice(None))):  # fmt: skip
-        y, p = test.loc[rows, columns].to_numpy(), submission.loc[rows, columns].to_numpy()
-        assert results[scope]["mAP"] == pytest.approx(macro_ap(y, p)), scope
-    out = capsys.readouterr().out
-    assert "internal test (padchest), 12 images" in out and "external test (nih), 8 images" in out
+    assert results["all"]["mAP"] == pytest.approx(macro_ap(table[columns].to_numpy(), submission[columns].to_numpy()))
+
+
+def test_a_training_table_scores_only_the_rows_predicted(release, tmp_path):
+    """The training table as truth for a held-out subset: the rows the predictions name, and it says how many."""
+    ids = release.training["ImageID"].iloc[:10].tolist()
+    frame = pd.DataFrame({"ImageID": ids, **{c: 0.5 for c in TASK1_COLUMNS.values()}})
+    path = tmp_path / "heldout.csv"
+    frame.to_csv(path, index=False)
+    truth = read_truth(release.root / "CXRLT_2026_training.csv", list(TASK1_COLUMNS), "test", ids=ids)
+    assert truth.frame["image_id"].tolist() == ids
+    assert f"10 of its {len(release.training)} rows" in truth.described
 
 
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.__setitem__("split", t["split"].replace("external_test", "holdout")),
-         r"line 22, column 'split': unknown split 'holdout'"),
-        (lambda t: t.loc.__setitem__((18, "goiter"), "maybe"), r"line 20, column 'goiter': 'maybe' is not a label"),
-        (lambda t: t.pop("bulla"), r"no column for the class\(es\) \['Bulla'\]"),
-        (lambda t: t.pop("split"), r"line 1: no split column 'split'"),
+        (lambda t: t.loc.__setitem__((2, "goiter"), "maybe"), r"line 4, column 'goiter': 'maybe' is not a label"),
+        (lambda t: t.pop("Bulla"), r"line 1: no column for the class\(es\) \['Bulla'\]"),
+        (lambda t: t.loc.__setitem__((3, "ImageID"), t.loc[1, "ImageID"]), r"line 5, column 'ImageID': '.*' appears twice"),
+        (lambda t: t.rename(columns={"ImageID": "image"}, inplace=True), r"line 1: neither a manifest"),
     ],
 )  # fmt: skip
-def test_a_bad_release_table_is_named_by_file_line_and_column(release, tmp_path, edit, message):
-    column, _ = release
-    table = pd.read_csv(column.root / "labels.csv", dtype=str, keep_default_na=False)
+def test_a_bad_organisers_table_is_named_by_file_line_and_column(release, tmp_path, edit, message):
+    table = pd.read_csv(release.root / DEV_LABELS["task2"], dtype=str, keep_default_na=False)
     edit(table)
     path = tmp_path / "labels.csv"
     table.to_csv(path, index=False)
-    with pytest.raises(TruthError, match=f"{path}: {message}" if "line" in message else message):
+    with pytest.raises(TruthError, match=message):
         read_truth(path, list(TASK2_LABELS), "test")
+
+
+def test_an_evaluation_list_without_labels_is_refused_as_truth(release):
+    with pytest.raises(TruthError, match="class columns have no names"):
+        read_truth(release.root / TEST_LISTS["task1"], list(TASK1_COLUMNS), "test")
 
 
 def test_the_internal_source_is_a_data_configs_definition_never_the_larger_centre():

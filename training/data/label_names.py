@@ -29,7 +29,11 @@ ALIASES: dict[str, str] = {
     "cvc": "Central Venous Catheter",
     "hiatal hernia": "Hernia",
     "lymphadenopathy": "Adenopathy",
-    **{normalise(column): paper for paper, column in ORGANISER_SPELLING.items() if normalise(column) != normalise(paper)},
+    **{
+        normalise(column): paper
+        for paper, column in ORGANISER_SPELLING.items()
+        if normalise(column) != normalise(paper)
+    },
 }
 
 

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm")
 LOSSY, EVAL = "approx:", "eval:"
+SHOWN = 10  # removed images listed by make data-check
 
 
 def image_index(root: Path) -> dict[str, str]:
@@ -101,6 +102,7 @@ class CXRLT2026Source(AdapterSource):
         self._labels: tuple[str, ...] = ()
         self.counts: dict[str, int | str] = {}
         self.evaluation_missing = 0
+        self.removed: list[str] = []
         self._true_patients: pd.Series | None = None
 
     @property
@@ -126,7 +128,11 @@ class CXRLT2026Source(AdapterSource):
     @property
     def check_sections(self) -> dict[str, str]:
         """``make data-check``'s section on the release."""
-        return {"CXR-LT 2026 release": "\n".join(f"{k.replace('_', ' ')}: {v}" for k, v in self.counts.items())}
+        lines = [f"{k.replace('_', ' ')}: {v}" for k, v in self.counts.items()]
+        lines += [f"  removed (in {REMOVAL}): {image_id}" for image_id in self.removed[:SHOWN]]
+        if len(self.removed) > SHOWN:
+            lines.append(f"  ... {len(self.removed) - SHOWN} more")
+        return {"CXR-LT 2026 release": "\n".join(lines)}
 
     # -- building ------------------------------------------------------------------------------------------------
 
@@ -147,11 +153,16 @@ class CXRLT2026Source(AdapterSource):
         if not removal.is_file():
             log.warning("%s: no %s in %s: the images it lists must never be trained on; put the organisers' file "
                         "there", self.name, REMOVAL, self.root)  # fmt: skip
+        self.removed = sorted(train.loc[in_removal, "image_id"])
         train = train[~in_removal & ~in_lists]
         self.counts.update(self._patient_counts(train, evaluation))
         parts = [train, evaluation]
         if self.external is not None:
-            parts.append(self.external.build(CXRLT_FINDINGS))
+            nih = self.external.build(CXRLT_FINDINGS)
+            clash = sorted(set(nih["image_id"]) & set(train["image_id"]).union(evaluation["image_id"]))
+            raise_if([f"NIH external image id {i!r} is also in the release" for i in clash[:10]],
+                     "data.source.external")  # fmt: skip
+            parts.append(nih)
         table = pd.concat(parts, ignore_index=True)
         self._labels = tuple(c for c in CXRLT_FINDINGS if c in table.columns)
         log.info("%s: %s", self.name, "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.counts.items()))
@@ -213,7 +224,7 @@ class CXRLT2026Source(AdapterSource):
             listed.update(zip(raw["ImageID"], self._patients(raw), strict=True))
             if str(path) not in map(str, tables):
                 labelled.append(self._labelled_rows(raw, path, images).drop(columns=["path", "source", "view"]))
-        rows = pd.DataFrame({"image_id": list(listed), "patient_id": [EVAL + p for p in listed.values()]})
+        rows = pd.DataFrame({"image_id": list(listed), "patient_id": [EVAL + p for p in listed.values()]}, dtype=str)
         if labelled:  # a class labelled in several tables: the first table that labels the image wins
             labels = pd.concat(labelled).groupby("image_id", sort=False).first().reset_index()
             rows = rows.merge(labels, on="image_id", how="left")
