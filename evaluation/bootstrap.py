@@ -90,18 +90,17 @@ def resample_counts(n_items: int, n_boot: int, seed: int, *, start: int = 0, sto
         (integer counts up to ``N`` are exact in float64).
     """
     stop = _check_range(n_items, n_boot, start, stop)
-    return count_rows(n_items, seed, start, stop, strata_members(strata, n_items)).astype(np.float64)
+    return count_rows(n_items, seed, start, stop, strata_members(strata, n_items))
 
 
 def count_rows(n_items: int, seed: int, start: int, stop: int, members: list[np.ndarray] | None) -> np.ndarray:
-    """``(stop - start, N)`` int64 counts of resamples ``start..stop-1``, strata given as ``strata_members``.
+    """``(stop - start, N)`` float64 counts of resamples ``start..stop-1``, strata given as ``strata_members``.
 
-    Why separate from ``resample_counts``: the suite calls it once per chunk with the strata resolved once (sorting
-    150,000 string labels per chunk cost more than drawing), and keeps the counts as integers so they can be packed
-    (``evaluation.packed_counts``). A stratum's draws are counted into its own images (``bincount`` of the
-    within-stratum indices), which gives the same counts as counting ``_draw``'s image indices.
+    Why separate from ``resample_counts``: ``iter_count_chunks`` calls it once per chunk with the strata resolved
+    once (sorting string labels per chunk cost more than drawing). A stratum's draws are counted into its own images
+    (``bincount`` of the within-stratum indices), which gives the same counts as counting ``_draw``'s image indices.
     """
-    out = np.zeros((stop - start, n_items), dtype=np.int64)  # (b, N)
+    out = np.zeros((stop - start, n_items))  # (b, N)
     for row, b in enumerate(range(start, stop)):
         generator = resample_generator(seed, b)
         if members is None:
@@ -112,45 +111,17 @@ def count_rows(n_items: int, seed: int, start: int, stop: int, members: list[np.
     return out
 
 
-def stratum_count_rows(
-    n_items: int, seed: int, start: int, stop: int, sizes: Sequence[int] | None, out: np.ndarray | None = None
-) -> np.ndarray:
-    """``count_rows`` with each stratum's images in consecutive columns, strata in ``strata_members`` order.
-
-    Why: the suite orders its images by stratum once (``evaluation.suite``), so each stratum's draws are counted
-    straight into one contiguous slice instead of being scattered over the stratum's image indices (which cost more
-    than the draws at 150,000 images). Same generator calls as ``_draw``, so the same counts, columns permuted.
-
-    Args:
-        sizes: number of images of each stratum, or ``None`` without strata (columns are then the images).
-        out: a ``(stop - start, N)`` integer array to fill (reused by the suite from chunk to chunk; int32 holds any
-            count of fewer than 2**31 images).
-    """
-    out = np.empty((stop - start, n_items), dtype=np.int64) if out is None else out  # (b, N)
-    for row, b in enumerate(range(start, stop)):
-        generator = resample_generator(seed, b)
-        if sizes is None:
-            out[row] = np.bincount(generator.integers(0, n_items, size=n_items), minlength=n_items)
-            continue
-        low = 0
-        for size in sizes:
-            out[row, low : low + size] = np.bincount(generator.integers(0, size, size=size), minlength=size)
-            low += size
-    return out
-
-
 def auto_chunk(n_items: int, n_boot: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """Resamples per chunk so that one ``(N, chunk)`` float64 array takes about ``chunk_bytes``; in ``[1, n_boot]``."""
     return int(max(1, min(max(int(n_boot), 1), chunk_bytes // (8 * max(int(n_items), 1)))))
 
 
 def iter_count_chunks(n_items: int, n_boot: int, seed: int, chunk: int,
-                      strata: Sequence | np.ndarray | None = None,
-                      dtype: type = np.float64) -> Iterator[tuple[slice, np.ndarray]]:  # fmt: skip
+                      strata: Sequence | np.ndarray | None = None) -> Iterator[tuple[slice, np.ndarray]]:  # fmt: skip
     """Yield ``(rows, counts)`` for consecutive chunks of resamples; ``counts`` is ``(len(rows), N)``.
 
     Memory is bounded by one chunk whatever ``n_boot`` is. ``strata`` as in :func:`resample_indices` (resolved once
-    for all chunks). ``dtype``: float64 for products, ``np.int64`` for exact packing (``evaluation.packed_counts``).
+    for all chunks). Float64 counts, so they feed the sparse products directly.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -159,7 +130,7 @@ def iter_count_chunks(n_items: int, n_boot: int, seed: int, chunk: int,
     members = strata_members(strata, n_items)
     for start in range(0, n_boot, chunk):
         stop = min(start + chunk, n_boot)
-        yield slice(start, stop), count_rows(n_items, seed, start, stop, members).astype(dtype, copy=False)
+        yield slice(start, stop), count_rows(n_items, seed, start, stop, members)
 
 
 def percentile_ci(samples: np.ndarray, ci: float = 0.95) -> tuple[float, float]:

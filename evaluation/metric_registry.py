@@ -60,11 +60,6 @@ class ClassChunk:
         """``(ap, auroc)``, each ``(b,)``, NaN where undefined in that resample."""
         return ap_auroc(self.plan, self.stats)
 
-    def confusion(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(tp, fp, positives)`` at a planned threshold; the suite's packed chunks read them without the full
-        prefix sums."""
-        return confusion_at(self.plan, self.stats, threshold)
-
     @cached_property
     def no_positive(self) -> np.ndarray:
         """``(b,)`` resamples without a positive of this class: left out of the macro means (challenge rule)."""
@@ -87,7 +82,7 @@ class ClassChunk:
         return self._f1_precision_recall(self.val_threshold)
 
     def _f1_precision_recall(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        values = f1_precision_recall_from_counts(*self.confusion(threshold))
+        values = f1_precision_recall_from_counts(*confusion_at(self.plan, self.stats, threshold))
         f1, precision, recall = (self.left_out_without_positive(value) for value in values)
         return f1, precision, recall
 

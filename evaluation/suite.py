@@ -8,13 +8,11 @@ and a negative); entries with target -1 are left out per class. Every macro mean
 positive (AUROC: or without a negative) is left out of that resample's mean.
 
 Why it is fast: each class is sorted once; a resample is a vector of per-image counts, and every metric of the
-resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``). A chunk of
-resamples is two sparse products for all classes at once: the ranking rows (segment weights, about three rows per
-positive) on counts packed nine resamples per int64 (``evaluation.packed_counts``, exact integers), then prefix sums
-and reads of the few rows the metrics need, class by class while its rows are in cache; and the calibration rows on
-float64 counts. Memory is bounded by the chunk size whatever ``n_boot`` is. The per-resample, per-class values are
-kept, so macro CIs of any subset of classes (head-to-tail groups) reuse the same resamples. The replicates are the
-landed path's bit for bit (``tests/unit/test_bootstrap_speed_paths.py`` against ``tests/bench/legacy_suite.py``).
+resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``). Per class, a
+chunk of resamples is one sparse product mapping image counts to a few segment weights (about three per positive),
+then prefix sums over those segments and fixed-position reads. Memory is bounded by the chunk size whatever
+``n_boot`` is. The per-resample, per-class values are kept, so macro CIs of any subset of classes (head-to-tail
+groups) reuse the same resamples.
 
 Which metrics: those of ``evaluation.metric_registry.SUITE``, read on every call. Each per-class entry is a function
 of one class's statistics for a chunk (``ClassChunk``), so adding a metric is one function and one registry entry.
@@ -22,20 +20,14 @@ of one class's statistics for a chunk (``ClassChunk``), so adding a metric is on
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
-import scipy.sparse as sp
 
-from evaluation.bootstrap import percentile_ci, strata_members, stratum_count_rows
+from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci, strata_members
 from evaluation.metric_registry import SUITE, ClassChunk, SuiteMetric
-from evaluation.packed_counts import LanePacking
-from evaluation.ranking import N_BINS, ClassStats, RankingChunk, SuiteRanking, calibration_bin
+from evaluation.ranking import N_BINS, ClassPlan
 from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
 
 MACRO_NAMES: dict[str, str] = SUITE.macro_names()
@@ -191,173 +183,33 @@ def validate_inputs(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str
     return targets.astype(np.int8), probs
 
 
-class _SummaryStats:
-    """``ClassStats`` of one class in a packed chunk: the totals and calibration sums the registered metrics read are
-    at hand; the full prefix sums (``neg_cum``, ``pos``, ``tp_cum``) are unpacked only if a metric asks for them.
-    ``resamples`` selects the chunk's resamples it describes (one at a time for ``single_sums``)."""
-
-    def __init__(self, chunk: RankingChunk, c: int, residual: np.ndarray, resamples: slice = slice(None)):
-        self._chunk, self._c, self._resamples = chunk, c, resamples
-        self.residual = residual
-        self.positives, self.negatives = chunk.positives[c][resamples], chunk.negatives[c][resamples]
-        self.total = self.positives + self.negatives
-
-    @cached_property
-    def _full(self) -> ClassStats:
-        full = self._chunk.stats(self._c, self.residual)
-        if self._resamples == slice(None):
-            return full
-        neg_cum, pos, tp_cum = (
-            np.ascontiguousarray(x[:, self._resamples]) for x in (full.neg_cum, full.pos, full.tp_cum)
-        )
-        return ClassStats(neg_cum=neg_cum, pos=pos, tp_cum=tp_cum, residual=self.residual)
-
-    @property
-    def neg_cum(self) -> np.ndarray:
-        return self._full.neg_cum
-
-    @property
-    def pos(self) -> np.ndarray:
-        return self._full.pos
-
-    @property
-    def tp_cum(self) -> np.ndarray:
-        return self._full.tp_cum
-
-
-class _PackedClassChunk(ClassChunk):
-    """``ClassChunk`` whose AP/AUROC and threshold confusions come from the chunk's stacked statistics."""
-
-    def __init__(
-        self, chunk: RankingChunk, c: int, residual: np.ndarray, threshold: float, val_threshold, resamples: slice
-    ):
-        stats = _SummaryStats(chunk, c, residual, resamples)
-        super().__init__(chunk.ranking.layouts[c], stats, threshold, val_threshold)
-        self._chunk, self._c, self._resamples = chunk, c, resamples
-
-    @cached_property
-    def ap_auroc(self) -> tuple[np.ndarray, np.ndarray]:
-        ap, auroc = self._chunk.ap_auroc(self._c)
-        return ap[self._resamples], auroc[self._resamples]
-
-    def confusion(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if float(threshold) not in self.plan.thresholds:
-            raise ValueError(f"threshold {threshold} was not planned; the plan has {self.plan.thresholds}")
-        t = self.plan.thresholds.index(float(threshold))
-        k = self._resamples
-        return self._chunk.tp[self._c, t][k], self._chunk.fp[self._c, t][k], self.stats.positives
-
-
 def _evaluate(
-    ranking: SuiteRanking,
-    residual_matrix: sp.csc_matrix,
-    image_columns: np.ndarray | None,
-    counts: np.ndarray,
-    work: dict[str, np.ndarray],
-    single_sums: bool,
+    plans: list[ClassPlan],
+    counts_t: np.ndarray,
     threshold: float,
     val_thresholds: np.ndarray | None,
     per_class: tuple[SuiteMetric, ...],
     pooled: tuple[SuiteMetric, ...],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Every registered metric for a chunk of integer counts ``(b, N)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
+    """Every registered metric for a chunk of count vectors ``(N, b)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
 
-    Two products per chunk: every class's ranking rows on the packed counts (``SuiteRanking``, exact integers), and
-    every class's calibration rows on float64 counts put back in image order (``image_columns``: column of each
-    image in ``counts``, ``None`` when they are the same), summed in the landed order (``_residual_matrix``). A class
-    without a labelled entry is left out of everything; a pooled metric over no labelled pair is NaN. ``work`` keeps
-    the float64 count arrays from chunk to chunk (fresh ones cost page faults every chunk); ``single_sums``: AP sums
-    as the landed path's one-resample chunks summed them (``LANDED_CHUNK_BYTES``).
+    A class without a labelled entry is left out of everything; a pooled metric over no labelled pair is NaN.
     """
-    b, n_items = counts.shape
-    n_classes = len(ranking.layouts)
-    by_column = work.get("by_column")
-    if by_column is None or by_column.shape != (n_items, b):
-        by_column = work["by_column"] = np.empty((n_items, b))
-        work["by_image"] = np.empty((n_items, b))
-    np.copyto(by_column, counts.T)  # (N, b) float64, rows in column order
-    by_image = by_column
-    if image_columns is not None:
-        # rows in image order ("clip": with "raise", take buffers a copy of its output)
-        by_image = np.take(by_column, image_columns, axis=0, out=work["by_image"], mode="clip")
-    residuals = residual_matrix @ by_image  # (C * n_bins, b)
-    stats = ranking.chunk(counts, single_sums)  # clips counts in place
+    b, n_classes = counts_t.shape[1], len(plans)
     out = {metric.key: np.full((b, n_classes), np.nan) for metric in per_class}
-    # single_sums: every metric on one resample at a time, with the (K, 1) arrays the landed one-resample chunks had
-    # (numpy sums a (15, 1) column of calibration bins in another order than the columns of a (15, b) block)
-    groups = [slice(k, k + 1) for k in range(b)] if single_sums and b > 1 else [slice(None)]
-    sums: dict[tuple[str, int], np.ndarray] = {}  # (pooled name, group) -> statistics summed over the classes so far
-    for c, layout in enumerate(ranking.layouts):
-        if layout.n_labelled == 0:
+    sums: dict[str, np.ndarray] = {}  # pooled name -> statistics summed over the classes so far
+    for c, plan in enumerate(plans):
+        if plan.n_labelled == 0:
             continue
-        residual = residuals[c * layout.n_bins : (c + 1) * layout.n_bins]
         val_threshold = None if val_thresholds is None else float(val_thresholds[c])
-        for g, resamples in enumerate(groups):
-            part = residual if len(groups) == 1 else np.ascontiguousarray(residual[:, resamples])
-            chunk = _PackedClassChunk(stats, c, part, threshold, val_threshold, resamples)
-            for metric in per_class:
-                out[metric.key][resamples, c] = metric.compute(chunk)
-            for metric in pooled:
-                value = metric.compute(chunk)
-                key = (metric.name, g)
-                sums[key] = sums[key] + value if key in sums else value
-    pooled_out = {}
-    for m in pooled:
-        values = np.full(b, np.nan)
-        for g, resamples in enumerate(groups):
-            if (m.name, g) in sums:
-                values[resamples] = m.reduce(sums[(m.name, g)])
-        pooled_out[m.name] = values
-    return out, pooled_out
-
-
-def _residual_matrix(targets: np.ndarray, probs: np.ndarray, n_bins: int) -> sp.csc_matrix:
-    """``(C * n_bins, N)`` rows of ``y - p`` per class and calibration bin; columns are the images in input order.
-
-    Why CSC in image order: the product then reads the count rows in order (they are the largest array of the
-    chunk) and adds each image into its rows in ascending image order, the order the landed per-class matrices
-    summed them, so the calibration sums are the landed ones bit for bit.
-    """
-    n_items, n_classes = probs.shape
-    labelled = targets >= 0  # (N, C)
-    rows = np.arange(n_classes) * n_bins + calibration_bin(probs, n_bins)  # (N, C), classes ascending per image
-    data = (targets == 1).astype(np.float64) - probs
-    indptr = np.zeros(n_items + 1, dtype=np.int64)
-    np.cumsum(labelled.sum(axis=1), out=indptr[1:])
-    return sp.csc_matrix((data[labelled], rows[labelled], indptr), shape=(n_classes * n_bins, n_items))
-
-
-LANDED_CHUNK_BYTES = 8 * 2**20
-"""The landed path's chunk size in bytes of float64 counts (``evaluation.bootstrap.CHUNK_BYTES`` as landed): with
-its default chunks, it summed AP one resample at a time once ``N`` passed ``LANDED_CHUNK_BYTES / 16``."""
-
-PACKED_BYTES = 5 * 2**20
-"""Target size of one chunk's packed ``(N, width)`` int64 counts, the array the ranking product reads at random
-(at N = 150,000 it gives 4 packed columns, 36 resamples): wider columns cost less per resample in the product, but
-the chunk's prefix-sum array grows with them."""
-
-
-MAX_THREADS = 4
-"""Most chunks evaluated at once: a chunk's work arrays are ~150 MB at 150,000 images, one set per thread."""
-
-
-def suite_threads() -> int:
-    """Threads for the bootstrap's chunks: the CPUs this process may use, at most ``MAX_THREADS``.
-
-    Why threads: the chunks are independent and their time is in NumPy and SciPy kernels that release the GIL
-    (sparse products, prefix sums, gathers, the count draws), so a second core nearly halves the test phase's
-    bootstrap (``make bench``, ``tests/bench/bench_metrics.py``) with no copy of the inputs.
-    """
-    return max(
-        1, min(MAX_THREADS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    )
-
-
-def suite_chunk(n_items: int, n_boot: int, packed_bytes: int = PACKED_BYTES) -> int:
-    """Resamples per chunk: as many packed columns as fit ``packed_bytes``, times the resamples per int64."""
-    lanes = LanePacking.for_sums(n_items).lanes
-    width = max(1, packed_bytes // (8 * max(int(n_items), 1)))
-    return int(max(1, min(max(int(n_boot), 1), width * lanes)))
+        chunk = ClassChunk(plan, plan.stats(counts_t), threshold, val_threshold)
+        for metric in per_class:
+            out[metric.key][:, c] = metric.compute(chunk)
+        for metric in pooled:
+            stats = metric.compute(chunk)
+            sums[metric.name] = sums[metric.name] + stats if metric.name in sums else stats
+    nan = np.full(b, np.nan)
+    return out, {m.name: m.reduce(sums[m.name]) if m.name in sums else nan.copy() for m in pooled}
 
 
 def compute_suite(
@@ -374,7 +226,6 @@ def compute_suite(
     class_groups: Mapping[str, Sequence[int | str]] | None = None,
     n_bins: int = N_BINS,
     strata: Sequence | np.ndarray | None = None,
-    threads: int | None = None,
 ) -> SuiteResult:
     """Every challenge metric with bootstrap CIs on one split.
 
@@ -389,13 +240,11 @@ def compute_suite(
             a ``(C,)`` sequence or ``{class: threshold}``; adds the ``*_valthr`` metrics. They stay fixed across
             resamples, so those CIs reflect test-set sampling only.
         ci: CI coverage (0.95 -> 2.5th and 97.5th percentiles).
-        chunk: resamples per chunk (memory bound); default from ``suite_chunk``.
+        chunk: resamples per chunk (memory bound); default from ``bootstrap.auto_chunk``.
         class_groups: ``{group: [class index or name, ...]}``; adds ``group/<g>/<macro>`` with CIs.
         n_bins: ECE bins.
         strata: ``(N,)`` label per image (its source); each resample then keeps every stratum's image count
             (``evaluation.bootstrap``), e.g. a pooled internal + external test resampled within each source.
-        threads: chunks evaluated at once (default ``suite_threads()``). Each chunk's resamples are drawn from
-            their own seeds and written to their own rows, so the result is the same for any number of threads.
 
     Returns:
         ``SuiteResult``; ``.metrics`` holds ``mAP``, ``mAUROC``, ``mF1``, ``mPrecision``, ``mRecall``, ``mECE``,
@@ -418,64 +267,29 @@ def compute_suite(
         raise ValueError(f"n_bins must be a positive integer, got {n_bins}")
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    if threads is not None and (int(threads) != threads or threads < 1):
-        raise ValueError(f"threads must be a positive integer, got {threads}")
     thresholds = None if val_thresholds is None else thresholds_from_mapping(val_thresholds, labels)
     for members in (class_groups or {}).values():
         for cls in members:
             _class_index(cls, labels)  # raises on an unknown class
     n_items, n_classes = probs.shape
     n_boot = int(n_boot)
-    members = strata_members(strata, n_items)  # raises on a strata array of the wrong length
-    sizes = None if members is None else [len(m) for m in members]
-    columns = np.arange(n_items)  # column of each image in the count vectors: grouped by stratum
-    if members is not None:
-        columns[np.concatenate(members)] = np.arange(n_items)
-    planned = [(threshold,) if thresholds is None else (threshold, float(thresholds[c])) for c in range(n_classes)]
-    ranking = SuiteRanking(targets, probs, planned, columns, n_bins=n_bins)
-    residual_matrix = _residual_matrix(targets, probs, n_bins)
+    strata_members(strata, n_items)  # raises on a strata array of the wrong length, with or without resamples
+    plans = []
+    for c in range(n_classes):
+        planned = (threshold,) if thresholds is None else (threshold, float(thresholds[c]))
+        plans.append(ClassPlan.build(targets[:, c], probs[:, c], thresholds=planned, n_bins=n_bins))
     registered = SUITE.per_class(val_thresholds=thresholds is not None), SUITE.pooled()
-    # strata already in image order (one source after the other) need no reordering for the calibration product
-    image_columns = None if members is None or np.array_equal(columns, np.arange(n_items)) else columns
-    point, pooled_point = _evaluate(
-        ranking, residual_matrix, image_columns, np.ones((1, n_items), dtype=np.int64), {}, True, threshold,
-        thresholds, *registered,
-    )  # fmt: skip
+    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds, *registered)
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
-        step = chunk or suite_chunk(n_items, n_boot)
-        # the landed path's default chunks held one resample above ~0.5M images, and einsum sums one resample's
-        # (G, 1) arrays in another order than a (G, b) pair's columns: follow it, so the replicates stay its own
-        single_sums = chunk is None and LANDED_CHUNK_BYTES // (8 * n_items) <= 1
-        local = threading.local()  # each thread's count buffer and work arrays, kept from chunk to chunk
-
-        def run_chunk(start: int) -> None:
-            """Resamples ``start:start + step`` into their rows of the replicates (rows no other chunk writes)."""
-            rows = slice(start, min(start + step, n_boot))
-            if not hasattr(local, "counts"):
-                # int32 counts (a count is at most N): half the bytes for the passes that read them
-                local.counts, local.work = np.empty((step, n_items), np.int32 if n_items < 2**31 else np.int64), {}
-            counts = stratum_count_rows(
-                n_items, seed, rows.start, rows.stop, sizes, out=local.counts[: rows.stop - start]
-            )
-            values, pooled = _evaluate(
-                ranking, residual_matrix, image_columns, counts, local.work, single_sums, threshold, thresholds,
-                *registered,
-            )  # fmt: skip
+        chunks = iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot), strata=strata)
+        for rows, counts in chunks:
+            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds, *registered)
             for key, array in values.items():
                 replicates[key][rows] = array
             for name, array in pooled.items():
                 pooled_replicates[name][rows] = array
-
-        starts = range(0, n_boot, step)
-        workers = min(len(starts), suite_threads() if threads is None else int(threads))
-        if workers <= 1:
-            for start in starts:
-                run_chunk(start)
-        else:
-            with ThreadPoolExecutor(workers, thread_name_prefix="suite") as pool:
-                list(pool.map(run_chunk, starts))  # re-raises a chunk's error here
 
     result = SuiteResult(
         metrics={},

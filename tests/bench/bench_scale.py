@@ -52,7 +52,7 @@ NIH_TO_CXRLT = {
     "No Finding": "Normal",
 }
 STAGES = ("manifest", "data-check", "cache", "sampler-random", "sampler-class_aware", "sampler-repeat_factor",
-          "loader-w1", "loader-w4", "train-steps", "test-phase", "test-phase-x10")  # fmt: skip
+          "loader-w1", "loader-w4", "train-steps", "test-phase")  # fmt: skip
 IMAGE_SIZE = 16
 BATCH = 64
 STEPS = 60
@@ -289,23 +289,18 @@ def stage_train_steps(workdir, rows, labels) -> dict:
             "throughput_vs_bare": round(ratio, 2)}  # fmt: skip
 
 
-def stage_test_phase(factor: int):
-    def run(workdir, rows, labels) -> dict:
-        from evaluation.suite import compute_suite
+def stage_test_phase(workdir, rows, labels) -> dict:
+    from evaluation.suite import compute_suite
 
-        manifest = _manifest(workdir, rows, labels)
-        test = manifest.split("test")
-        targets = np.nan_to_num(manifest.targets("test"), nan=-1).astype(np.int8)
-        sources = test["source"].to_numpy()
-        if factor > 1:
-            targets, sources = np.tile(targets, (factor, 1)), np.tile(sources, factor)
-        rng = np.random.default_rng(0)
-        probs = np.clip(0.3 * (targets == 1) + 0.7 * rng.random(targets.shape), 0, 1)
-        start = time.perf_counter()
-        compute_suite(targets, probs, labels, n_boot=1000, strata=sources)
-        return {"seconds": time.perf_counter() - start, "test_images": int(len(targets))}
-
-    return run
+    manifest = _manifest(workdir, rows, labels)
+    test = manifest.split("test")
+    targets = np.nan_to_num(manifest.targets("test"), nan=-1).astype(np.int8)
+    sources = test["source"].to_numpy()
+    rng = np.random.default_rng(0)
+    probs = np.clip(0.3 * (targets == 1) + 0.7 * rng.random(targets.shape), 0, 1)
+    start = time.perf_counter()
+    compute_suite(targets, probs, labels, n_boot=1000, strata=sources)
+    return {"seconds": time.perf_counter() - start, "test_images": int(len(targets))}
 
 
 RUNNERS = {
@@ -318,8 +313,7 @@ RUNNERS = {
     "loader-w1": stage_loader(1),
     "loader-w4": stage_loader(4),
     "train-steps": stage_train_steps,
-    "test-phase": stage_test_phase(1),
-    "test-phase-x10": stage_test_phase(10),
+    "test-phase": stage_test_phase,
 }
 
 

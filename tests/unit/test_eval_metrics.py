@@ -288,6 +288,25 @@ def test_suite_cis_contain_point_and_are_reproducible(split, suite):
     assert other.metrics["mAP"] == m["mAP"] and other.metrics["mAP_ci_low"] != m["mAP_ci_low"]
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 12])
+def test_stratified_replicates_do_not_depend_on_the_chunk_size(chunk):
+    """Each resample is drawn from its own seed, so how resamples are cut into chunks changes no replicate (beyond
+    the last bits: a sum over a chunk's columns may add in another order)."""
+    targets, probs, labels = make_split(seed=6, n=120)
+    targets[::7, 1] = -1
+    strata = np.random.default_rng(6).choice(["nih", "padchest", "x"], size=len(targets))
+    kwargs = dict(n_boot=37, seed=2, strata=strata, val_thresholds=[0.3] * len(labels))
+    reference, result = (
+        compute_suite(targets, probs, labels, **kwargs),
+        compute_suite(targets, probs, labels, chunk=chunk, **kwargs),
+    )
+    assert set(result.replicates) == set(reference.replicates)
+    for key, values in reference.replicates.items():
+        np.testing.assert_allclose(result.replicates[key], values, rtol=0, atol=1e-12, err_msg=key)
+    for key, values in reference.pooled_replicates.items():
+        np.testing.assert_allclose(result.pooled_replicates[key], values, rtol=0, atol=1e-12, err_msg=key)
+
+
 def test_group_metrics_reuse_the_resamples(split, suite):
     _, _, labels = split
     groups = {"head": [0, 1], "tail": ["c3", "c4", "c5"]}
