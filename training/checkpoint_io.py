@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from training.errors import UserError
@@ -79,7 +78,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
-        if not _is_local_file_protocol(str(path)):
+        if not is_local_path(path):
             super().save_checkpoint(checkpoint, path)
             return
         target = Path(path)
@@ -118,6 +117,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, weights_only=True, **where)
         except pickle.UnpicklingError as error:
             raise refusal(error, f"checkpoint {path}") from error
+
+
+def is_local_path(path) -> bool:
+    """Whether ``path`` names this machine's file system, read as fsspec reads it (the protocol before the first
+    ``://`` or ``::``, ``file`` when there is none), so the same paths take the atomic writer as Lightning would
+    treat as local."""
+    protocol = re.split(r"://|::", str(path), maxsplit=1)
+    return len(protocol) == 1 or protocol[0] == "file"
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import PROJECT_ROOT
-from training.checkpoint_io import TEMP_SUFFIX, AtomicCheckpointIO, UnsafeCheckpoint
+from training.checkpoint_io import TEMP_SUFFIX, AtomicCheckpointIO, UnsafeCheckpoint, is_local_path
 
 STEPS_PER_EPOCH = 4
 
@@ -164,3 +164,29 @@ def test_resuming_from_a_tampered_checkpoint_fails_before_running_it(tampered, t
     with pytest.raises(UnsafeCheckpoint, match="refusing to load it"):
         _fit(tmp_path / "checkpoints", epochs=1, ckpt_path=path)  # Lightning's fit(ckpt_path) goes through the plugin
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "path", ["/runs/last.ckpt", "runs/last.ckpt", "file:///runs/last.ckpt", "s3://bucket/last.ckpt",
+             "memory://runs/last.ckpt", "simplecache::s3://bucket/last.ckpt", "C:/runs/last.ckpt"],
+)  # fmt: skip
+def test_local_paths_are_those_fsspec_reads_as_local(path):
+    from fsspec.utils import get_protocol
+
+    assert is_local_path(path) == (get_protocol(path) == "file")
+
+
+def test_a_remote_path_is_written_by_lightnings_writer(tmp_path, monkeypatch):
+    """No atomic rename exists off the local disk: a ``memory://`` checkpoint lands in fsspec's store, and no local
+    folder named after the URL is made."""
+    import fsspec
+
+    monkeypatch.chdir(tmp_path)
+    AtomicCheckpointIO().save_checkpoint({"epoch": 3}, "memory://runs/last.ckpt")
+    memory = fsspec.filesystem("memory")
+    try:
+        assert memory.exists("/runs/last.ckpt")
+        assert not any(tmp_path.iterdir())
+        assert AtomicCheckpointIO().load_checkpoint("memory://runs/last.ckpt")["epoch"] == 3
+    finally:
+        memory.rm("/runs", recursive=True)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from timm.models._manipulate import adapt_input_conv
+from timm.models import adapt_input_conv
 from torch import nn
 
 from training.errors import UserError

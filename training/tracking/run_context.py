@@ -28,7 +28,7 @@ import logging
 import warnings
 
 import mlflow.data
-from mlflow.entities import DatasetInput, InputTag
+from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from omegaconf import DictConfig, OmegaConf
 
@@ -77,7 +77,7 @@ def dataset_inputs(datamodule) -> list[DatasetInput]:
             warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
             dataset = mlflow.data.from_pandas(frame, source=str(manifest.source_file),
                                               name=f"{datamodule.source.name}-{split}", digest=manifest.fingerprint)  # fmt: skip
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, split)]))
+        inputs.append(DatasetInput(Dataset(**dataset.to_dict()), tags=[InputTag(MLFLOW_DATASET_CONTEXT, split)]))
     return inputs
 
 
