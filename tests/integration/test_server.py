@@ -61,7 +61,7 @@ class TeamServer:
 
     def start(self) -> None:
         command = [sys.executable, "-m", "training.tracking.server", "--dir", str(self.dir), "--port", str(self.port),
-                   "--pg-port", str(self.pg_port), "--workers", "1", "--no-install"]  # fmt: skip
+                   "--pg-port", str(self.pg_port), "--workers", "1"]  # fmt: skip
         env = {**os.environ, "MLFLOW_ADMIN_PASSWORD": ADMIN_PASSWORD}
         env.pop("PGDATA", None)
         with open(self.log, "ab") as log:
@@ -100,7 +100,7 @@ class TeamServer:
 @pytest.fixture(scope="module")
 def team_server():
     try:
-        pg_bin_dir(install=False)
+        pg_bin_dir()
     except ServerSetupError as error:
         pytest.fail(f"the server tests need PostgreSQL (CI installs it): {error}")
     # Not under pytest's tmp_path: that is private to root (0700) and PostgreSQL runs as the postgres user.
@@ -398,7 +398,7 @@ def test_pool_settings_of_the_operator_are_kept_and_too_small_ones_are_named(cap
 def test_bad_server_settings_stop_make_server_with_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv(POOL_SIZE_ENV, "lots")
     with pytest.raises(SystemExit) as stopped:
-        main(["--dir", str(tmp_path), "--setup-only", "--no-install"])
+        main(["--dir", str(tmp_path), "--setup-only"])
     assert str(stopped.value).startswith("make server: ") and "\n" not in str(stopped.value)
     monkeypatch.delenv(POOL_SIZE_ENV)
     with pytest.raises(SystemExit, match="^make server: --workers must be at least 1"):

@@ -3,10 +3,11 @@
 One module does what ``make server`` and the server tests both need, so the tests start the server exactly as a
 team would:
 
-* :class:`PostgresCluster` installs the Debian ``postgresql`` package when its binaries are missing, initialises a
-  cluster in a folder of our choosing (``initdb``), starts it on one port and creates the role and databases. A
-  PostgreSQL server refuses to run as root, so when we are root every PostgreSQL command runs as the ``postgres``
-  system user (``runuser``) and the cluster folder belongs to it.
+* :class:`PostgresCluster` initialises a cluster in a folder of our choosing (``initdb``), starts it on one port
+  and creates the role and databases. It installs nothing: installing system packages is the user's (or CI's) job,
+  so without PostgreSQL's server binaries ``make server`` stops with one line saying what to install. A PostgreSQL
+  server refuses to run as root, so when we are root every PostgreSQL command runs as the ``postgres`` system user
+  (``runuser``) and the cluster folder belongs to it.
 * :func:`prepare_server` writes what the server needs into a git-ignored folder, each file mode 0600: the MLflow
   basic-auth config (auth user database and admin user, with the admin password taken from
   ``MLFLOW_ADMIN_PASSWORD``), a libpq password file (so no database password is ever on a command line or in a
@@ -90,29 +91,24 @@ def _as_root() -> bool:
     return os.geteuid() == 0
 
 
-def pg_bin_dir(install: bool = True) -> Path:
-    """Folder of ``initdb``/``pg_ctl``; installs the Debian ``postgresql`` package when none is found and allowed.
+#: Where Debian and Ubuntu keep each PostgreSQL version's server binaries (only client wrappers are on PATH).
+DEBIAN_PG_ROOT = Path("/usr/lib/postgresql")
+INSTALL_HINT = "install PostgreSQL's server (Debian/Ubuntu: sudo apt-get install postgresql)"
 
-    Debian keeps the server binaries in ``/usr/lib/postgresql/<version>/bin`` (only client wrappers are on PATH);
-    the newest version wins.
+
+def pg_bin_dir() -> Path:
+    """Folder of ``initdb``/``pg_ctl``: Debian's newest version, else the one on PATH.
+
+    Raises:
+        ServerSetupError: no ``initdb`` was found; the message says what to install.
     """
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    candidates = sorted(DEBIAN_PG_ROOT.glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
     if candidates:
         return candidates[-1].parent
     on_path = shutil.which("initdb")
     if on_path:
         return Path(on_path).parent
-    if not install:
-        raise ServerSetupError("PostgreSQL server binaries (initdb) not found; install the Debian package "
-                               "`postgresql` (apt-get install -y postgresql)")  # fmt: skip
-    if not _as_root() or not shutil.which("apt-get"):
-        raise ServerSetupError("PostgreSQL is not installed and we cannot install it here (needs root and "
-                               "apt-get): run `sudo apt-get install -y postgresql` first")  # fmt: skip
-    log.info("installing the Debian package postgresql")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "postgresql"], check=True, env=env)
-    return pg_bin_dir(install=False)
+    raise ServerSetupError(f"PostgreSQL's initdb was found neither under {DEBIAN_PG_ROOT} nor on PATH: {INSTALL_HINT}")
 
 
 @dataclass
@@ -202,8 +198,7 @@ class ServerFiles:
     env: dict[str, str]
 
 
-def local_database(server_dir: Path, pg_port: int, install: bool = True,
-                   connections: int = 100) -> tuple[PostgresCluster, str, str]:  # fmt: skip
+def local_database(server_dir: Path, pg_port: int, connections: int = 100) -> tuple[PostgresCluster, str, str]:
     """Initialise and start the deployment's own cluster; returns it and the tracking and auth database URLs.
 
     The role's password comes from ``MLFLOW_DB_PASSWORD`` or is generated once and kept (0600) beside the
@@ -211,13 +206,14 @@ def local_database(server_dir: Path, pg_port: int, install: bool = True,
     ``connections`` clients; one already running with fewer is kept (restarting it would cut off its other users)
     and the log says so.
     """
+    bin_dir = pg_bin_dir()  # before anything is written: without PostgreSQL nothing is left behind
     password = os.environ.get(DB_PASSWORD_ENV)
     stored = server_dir / "db_password"
     if not password:
         password = stored.read_text().strip() if stored.is_file() else secrets.token_urlsafe(24)
     write_secret(stored, password)
     cluster = PostgresCluster(Path(os.environ.get("PGDATA") or server_dir / "pgdata").resolve(), pg_port,
-                              bin_dir=pg_bin_dir(install), max_connections=connections)  # fmt: skip
+                              bin_dir=bin_dir, max_connections=connections)  # fmt: skip
     cluster.init()
     cluster.start()
     accepted = int(cluster.psql("SHOW max_connections"))
@@ -373,7 +369,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="existing tracking database (postgresql://user@host:port/db); skips the local cluster")  # fmt: skip
     parser.add_argument("--auth-database-url", default=None, help="user database of the auth app (default: "
                         f"the tracking database's server, database {AUTH_DB})")  # fmt: skip
-    parser.add_argument("--no-install", action="store_true", help="never apt-get install postgresql")
     parser.add_argument("--setup-only", action="store_true", help="prepare database and config, do not serve")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -390,8 +385,7 @@ def main(argv: list[str] | None = None) -> None:
                      args.workers)  # fmt: skip
         else:
             require_admin_password()  # before a cluster is created for nothing
-            _, backend, auth = local_database(args.dir, args.pg_port, install=not args.no_install,
-                                              connections=connections)  # fmt: skip
+            _, backend, auth = local_database(args.dir, args.pg_port, connections=connections)
             db_password = (args.dir / "db_password").read_text().strip()
         files = prepare_server(args.dir, backend, auth, db_password, args.artifacts)
     except ServerSetupError as error:
