@@ -10,7 +10,7 @@ Without the organisers' list there is a **stand-in**: every image of NIH's table
 ``Finding Labels`` for the CXR-LT classes NIH labels too (:data:`STAND_IN`). NIH labels none of Task 2's six unseen
 findings (adenopathy, bulla, goiter, infarction, osteopenia, scoliosis), so the stand-in leaves them not labelled
 (empty, -1 in evaluation): it exercises the external pipeline and the seen classes, but it gives no unseen-class
-external figures, which is said when it is built. Data: docs/data.md, "CXR-LT 2026 release".
+external figures, which is said when it is built. Data: docs/data.md, "The CXR-LT 2026 release".
 """
 
 from __future__ import annotations
