@@ -6,23 +6,30 @@ Public entry point (kept stable for other tools, e.g. a full-size rehearsal rele
   the rows as a DataFrame (before splits) and ``summary`` then holds what was parsed, kept out and why.
 - :func:`parse_labels` and :func:`roll_up`: the two steps on a bare ``Labels`` column, for tests and tools.
 
-What the table holds and what the adapter makes of it (docs/data.md, "PadChest's own table"):
+What the table holds and what the adapter makes of it (docs/data.md, "PadChest's own table"). The defaults
+reproduce the images and labels of the organisers' ``CXRLT_2026_training.csv``, which is built from this same
+table, so that PadChest images added to a CXR-LT run carry the labels the challenge scores:
 
+- ``data.source.removal`` (the release folder or its ``Removal.csv``): the images the organisers forbid for
+  training (development/test images and their studies; training on them disqualifies a team) are dropped before
+  any other rule and counted, so no later choice can bring one back.
 - ``Labels`` is a Python list written as text (``"['pleural effusion', ' cardiomegaly']"``), read with
   :func:`ast.literal_eval`; names are stripped (156 spellings carry a leading space). A row that does not parse
-  (103 in the release, all ``nan``) or whose only name is empty has no label at all: it is kept out of the
-  manifest, because an image with no label can be neither trained nor scored, and it is counted, logged, listed
-  with its line and ImageID in ``<manifest>-unlabelled.csv`` and printed by ``make data-check``. An empty name
-  beside real ones is ignored and counted the same way.
+  (103 in the release, all ``nan``) or whose only name is empty has no finding named: the organisers keep such an
+  image as an all-zero row, and so does ``unlabelled: zeros``; ``unlabelled: drop`` keeps it out of the manifest
+  instead. Either way it is counted, logged, listed with its line and ImageID in ``<manifest>-unlabelled.csv``
+  and printed by ``make data-check``. An empty name beside real ones is ignored and counted the same way.
 - The names are rolled up to the 30 + 6 CXR-LT 2026 classes through the one table in
-  :mod:`training.data.adapters.padchest_hierarchy`: a class is the union of its children, ``normal`` is Normal
-  (the absence of findings never is), a name the table does not list is an error naming its row. A class no
-  PadChest name feeds (Infarction) is written empty, "not labelled", never negative.
+  :mod:`training.data.adapters.padchest_hierarchy` (the organisers' reading where it was observed): a class is
+  the union of its children, ``normal`` is Normal (the absence of findings never is), a name the table does not
+  list is an error naming its row. A class no PadChest name feeds (Infarction) is written empty, "not
+  labelled", never negative.
 - ``Projection`` becomes the manifest ``view`` through ``data.source.views`` (PA, AP, ``AP_horizontal`` = AP
-  supine, ``L`` = lateral); a projection mapped to null (rib series ``COSTAL``, ``EXCLUDE``, ``UNK``) is kept out
-  and counted, one not listed at all is an error.
-- ``exclude`` (a study the annotators rejected) is kept out and counted (``drop_excluded``); ``suboptimal study``
-  is kept and flagged in the ``suboptimal`` column (``drop_suboptimal`` keeps it out instead).
+  supine, ``L`` = lateral, ``COSTAL`` = the rib series, ``EXCLUDE``/``UNK`` = no view); every projection is kept,
+  as the organisers keep it. A projection mapped to null is kept out and counted, one not listed is an error.
+- ``exclude`` (a study the annotators rejected) is kept, as the organisers keep it (``drop_excluded: true`` keeps
+  it out); ``suboptimal study`` is kept and flagged in the ``suboptimal`` column (``drop_suboptimal`` keeps it
+  out instead).
 - ``MethodLabel`` (a physician's labels or the RNN's, read from the report) is the ``label_method`` column, and
   ``data.source.label_method`` = all | physician | rnn keeps one kind.
 - PadChest has no official split: every patient (``PatientID``) goes to train, val or test whole.
@@ -42,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
+from training.data.adapters.cxrlt2026_files import REMOVAL, release_file, removal_ids
 from training.data.adapters.padchest_hierarchy import EXCLUDE, ROLLUP, SUBOPTIMAL, pairs
 from training.data.adapters.tables import id_problems, raise_if
 from training.data.findings import CXRLT_FINDINGS
@@ -58,10 +66,14 @@ LABEL_METHODS: dict[str, tuple[str, ...]] = {
     "physician": ("Physician",),
     "rnn": ("RNN_model",),
 }
-#: The release's projections -> manifest view (None: kept out). The data config's ``views`` overrides it.
+#: The release's projections -> manifest view (``""``: no view; None: kept out). The data config's ``views``
+#: overrides it. Every projection is kept because the organisers' training table keeps every one.
 VIEWS: dict[str, str | None] = {
-    "PA": "PA", "AP": "AP", "AP_horizontal": "AP Supine", "L": "LATERAL", "COSTAL": None, "EXCLUDE": None, "UNK": None,
+    "PA": "PA", "AP": "AP", "AP_horizontal": "AP Supine", "L": "LATERAL", "COSTAL": "COSTAL", "EXCLUDE": "", "UNK": "",
 }  # fmt: skip
+#: ``data.source.unlabelled``: what becomes of a row that names no finding.
+UNLABELLED = ("zeros", "drop")
+REMOVAL_REASON = "in Removal.csv"
 
 
 @dataclass
@@ -118,7 +130,8 @@ def roll_up(names: pd.Series, index: pd.Index, classes=CXRLT_FINDINGS,
     column = {label: i for i, label in enumerate(classes)}
     hits = pd.DataFrame({"row": names.index, "name": names.to_numpy()}).merge(mapping, on="name")
     values = np.zeros((len(index), len(classes)), dtype=np.float64)
-    values[index.get_indexer(hits["row"]), hits["label"].map(column).to_numpy()] = 1.0
+    rows, columns = index.get_indexer(hits["row"]), hits["label"].map(column).to_numpy(dtype=np.intp)  # no hit: []
+    values[rows, columns] = 1.0
     values[:, [column[c] for c in classes if c not in set(mapping["label"])]] = np.nan
     return pd.DataFrame(values, index=index, columns=list(classes))
 
@@ -130,6 +143,10 @@ class PadChestSummary:
     rows: int = 0
     kept: int = 0
     kept_out: dict[str, int] = field(default_factory=dict)  # reason -> rows, in the order they were applied
+    removal: str | None = None  # the Removal.csv read, or None when data.source.removal is not set
+    removal_listed: int = 0  # ImageIDs it lists (some may be absent from this table)
+    unlabelled: dict[str, int] = field(default_factory=dict)  # reason -> rows written as all-zero rows
+    excluded_kept: int = 0
     empty_names: int = 0
     suboptimal: int = 0
     methods: dict[str, int] = field(default_factory=dict)
@@ -140,7 +157,15 @@ class PadChestSummary:
     def render(self, rows: int = 5) -> str:
         """The counts, then the first ``rows`` unlabelled rows with their line and ImageID."""
         lines = [f"{self.rows} rows read, {self.kept} in the manifest"]
+        if self.removal is None:
+            lines.append("  Removal.csv: not given (data.source.removal): nothing dropped for CXR-LT 2026")
+        else:
+            lines.append(f"  Removal.csv: {self.removal_listed} ImageIDs listed ({self.removal})")
         lines += [f"  kept out, {reason}: {count}" for reason, count in self.kept_out.items()]
+        lines += [f"  unlabelled, {reason}: {count} (kept as all-zero rows)" for reason, count in
+                  self.unlabelled.items()]  # fmt: skip
+        if self.excluded_kept:
+            lines.append(f"  labelled 'exclude', kept (drop_excluded=false): {self.excluded_kept}")
         lines.append(f"  empty label names ignored beside others: {self.empty_names}")
         lines.append(f"  suboptimal studies kept (column 'suboptimal'): {self.suboptimal}")
         lines.append("  MethodLabel: " + ", ".join(f"{k} {v}" for k, v in self.methods.items()))
@@ -166,6 +191,10 @@ class PadChestSource(AdapterSource):
         image_subdirs: True: images are ``<image_dir>/<ImageDir>/<ImageID>`` as released; False: all in one folder.
         views: Projection -> manifest view, None to keep that projection out; default :data:`VIEWS`.
         label_method: ``all``, ``physician`` or ``rnn`` (:data:`LABEL_METHODS`).
+        unlabelled: ``zeros`` (a row naming no finding is an all-zero row, as in the organisers' table) or ``drop``
+            (kept out); counted and listed either way.
+        removal: the CXR-LT 2026 release folder or its ``Removal.csv`` (absolute, or relative to the working
+            directory); its ImageIDs are dropped first. None: nothing is dropped.
         drop_excluded: keep studies labelled ``exclude`` out (counted).
         drop_suboptimal: keep studies labelled ``suboptimal study`` out too (default: kept, flagged).
         stratify: iterative stratification over patients (slow at this size: tens of seconds) instead of the
@@ -177,14 +206,19 @@ class PadChestSource(AdapterSource):
 
     def __init__(self, root: str, name: str = "padchest", table: str | None = None, image_dir: str = "",
                  image_subdirs: bool = True, views: Mapping[str, str | None] | None = None,
-                 label_method: str = "all", drop_excluded: bool = True, drop_suboptimal: bool = False,
-                 stratify: bool = False, **kwargs):  # fmt: skip
+                 label_method: str = "all", unlabelled: str = "zeros", removal: str | None = None,
+                 drop_excluded: bool = False, drop_suboptimal: bool = False, stratify: bool = False,
+                 **kwargs):  # fmt: skip
         super().__init__(root, name, **kwargs)
         if label_method not in LABEL_METHODS:
             raise AdapterError(f"data.source.label_method={label_method!r}: expected one of {sorted(LABEL_METHODS)}")
+        if unlabelled not in UNLABELLED:
+            raise AdapterError(f"data.source.unlabelled={unlabelled!r}: expected one of {list(UNLABELLED)}")
         self.table, self.image_dir, self.image_subdirs = table, image_dir, image_subdirs
         self.views = dict(VIEWS if views is None else views)
         self.label_method, self.drop_excluded, self.drop_suboptimal = label_method, drop_excluded, drop_suboptimal
+        self.unlabelled = unlabelled
+        self.removal = None if removal in (None, "") else Path(removal).expanduser()
         self.stratify = stratify
         self.summary = PadChestSummary()
         self.table_only = False
@@ -196,7 +230,17 @@ class PadChestSource(AdapterSource):
     def key(self) -> dict:
         return {**super().key(), "table": self.table, "image_dir": self.image_dir, "subdirs": self.image_subdirs,
                 "views": self.views, "method": self.label_method, "drop_excluded": self.drop_excluded,
-                "drop_suboptimal": self.drop_suboptimal, "stratify": self.stratify}  # fmt: skip
+                "drop_suboptimal": self.drop_suboptimal, "stratify": self.stratify, "unlabelled": self.unlabelled,
+                "removal": None if self.removal is None else str(self.removal.resolve())}  # fmt: skip
+
+    @property
+    def run_tags(self) -> dict[str, str]:
+        """What the run records about the organisers' Removal.csv (read once the manifest is built): whether it was
+        applied, and to how many of this table's rows."""
+        if self.removal is None:
+            return {"padchest.removal": "not given"}
+        return {"padchest.removal": str(self.summary.removal or self.removal),
+                "padchest.removed_in_removal": str(self.summary.kept_out.get(REMOVAL_REASON, 0))}  # fmt: skip
 
     @property
     def check_sections(self) -> dict[str, str]:
@@ -240,6 +284,7 @@ class PadChestSource(AdapterSource):
         path = self.table_path()
         raw = self._read(path)
         summary = PadChestSummary(rows=len(raw))
+        raw = self._drop_removal(raw, summary)
         summary.methods = raw["MethodLabel"].value_counts().to_dict()
         summary.projections = raw["Projection"].value_counts().to_dict()
         problems = id_problems(raw, "ImageID", path) + id_problems(raw, "PatientID", path, unique=False)
@@ -261,19 +306,22 @@ class PadChestSource(AdapterSource):
             for i, name in unknown.items()])  # fmt: skip
         raise_if(problems, str(path))
 
+        drop = self.unlabelled == "drop"
+        fate = "unlabelled, kept out" if drop else "unlabelled, all-zero row"
         beside = parsed.empty_names[~parsed.empty_names.isin(parsed.no_names)]  # empty names beside real ones
         summary.listing = pd.concat([
-            self._listing(raw, parsed.unparsed, "Labels does not parse: unlabelled, kept out"),
-            self._listing(raw, parsed.no_names, "no label name: unlabelled, kept out"),
+            self._listing(raw, parsed.unparsed, f"Labels does not parse: {fate}"),
+            self._listing(raw, parsed.no_names, f"no label name: {fate}"),
             self._listing(raw, beside.unique(), "empty name ignored"),
         ]).sort_values("line", kind="stable")  # fmt: skip
         summary.empty_names = len(beside)
         excluded = pd.Series(raw.index.isin(parsed.names.index[parsed.names == EXCLUDE]), index=raw.index)
         suboptimal = pd.Series(raw.index.isin(parsed.names.index[parsed.names == SUBOPTIMAL]), index=raw.index)
+        unparsed, no_names = raw.index.isin(parsed.unparsed), raw.index.isin(parsed.no_names)
 
         reasons = {  # applied in this order; each row is counted under the first reason that keeps it out
-            "Labels does not parse": raw.index.isin(parsed.unparsed),
-            "no label name": raw.index.isin(parsed.no_names),
+            "Labels does not parse": unparsed & drop,
+            "no label name": no_names & drop,
             "Projection mapped to null": raw["Projection"].map(self.views).isna().to_numpy(),
             f"MethodLabel not kept by label_method={self.label_method}":
                 ~raw["MethodLabel"].isin(LABEL_METHODS[self.label_method]).to_numpy(),
@@ -287,6 +335,10 @@ class PadChestSource(AdapterSource):
                 summary.kept_out[reason] = int(fresh.sum())
             out |= fresh
         keep = raw.index[~out]
+        for reason, rows in {"Labels does not parse": unparsed, "no label name": no_names}.items():
+            if not drop and (rows & ~out).any():
+                summary.unlabelled[reason] = int((rows & ~out).sum())
+        summary.excluded_kept = int((excluded.to_numpy() & ~out).sum())
 
         labels = roll_up(parsed.names[parsed.names.index.isin(keep)], keep)
         kept = raw.loc[keep]
@@ -302,10 +354,30 @@ class PadChestSource(AdapterSource):
         self.table_only = not self._has_images()
         log.info("%s: %s", self.name, summary.render(rows=0).replace("\n ", ";"))
         if len(parsed.unparsed) or len(parsed.no_names):
-            log.warning("%s: %d row(s) whose Labels do not parse and %d with no label name are unlabelled and kept out "
-                        "of the manifest (listed in <manifest>-unlabelled.csv)", self.name, len(parsed.unparsed),
-                        len(parsed.no_names))  # fmt: skip
+            log.warning("%s: %d row(s) whose Labels do not parse and %d with no label name: %s "
+                        "(data.source.unlabelled=%s; listed in <manifest>-unlabelled.csv)", self.name,
+                        len(parsed.unparsed), len(parsed.no_names),
+                        "kept out" if drop else "written as all-zero rows", self.unlabelled)  # fmt: skip
         return table
+
+    def _drop_removal(self, raw: pd.DataFrame, summary: PadChestSummary) -> pd.DataFrame:
+        """``raw`` without the images of the organisers' ``Removal.csv``: dropped before any other rule, so that no
+        later choice (unlabelled rows, views, splits) can bring one back; the index keeps each row's line."""
+        if self.removal is None:
+            log.warning("%s: data.source.removal is not set: the images of the organisers' Removal.csv are not "
+                        "dropped, and training a CXR-LT 2026 submission on them disqualifies it", self.name)  # fmt: skip
+            return raw
+        removal = release_file(self.removal, REMOVAL)
+        if not removal.is_file():
+            raise AdapterError(f"data.source.removal={self.removal}: no {REMOVAL} there (give the CXR-LT 2026 "
+                               "release folder or the file itself)")  # fmt: skip
+        removed = removal_ids(removal)
+        summary.removal, summary.removal_listed = str(removal), len(removed)
+        hit = raw["ImageID"].isin(removed)
+        summary.kept_out[REMOVAL_REASON] = int(hit.sum())
+        log.info("%s: %d image(s) kept out, in %s (%d ImageIDs listed)", self.name, int(hit.sum()), removal,
+                 len(removed))  # fmt: skip
+        return raw[~hit]
 
     def _read(self, path: Path) -> pd.DataFrame:
         if not path.is_file():
