@@ -30,6 +30,7 @@ from apps.benchmarks.reveal.ratings import (
     constant_majority,
     kappa_from_confusion,
     majority_rating,
+    on_scale,
     others_rating,
     rating_agreement,
 )
@@ -278,9 +279,11 @@ def test_plot_has_one_row_per_finding_and_overall(agreement):
 
 
 # --- the readers' rating kappa (Agree all / Agree mostly / Disagree vs the majority rating) ----------------------
+# ``THREE`` is the platform's three-level scale; the default, the paper's binary scale, has its own tests below.
 
 # Five studies rated by three readers: 0 = Agree all, 1 = Agree mostly, 2 = Disagree. Study 4 has no majority.
 RATED = np.array([[0, 0, 0], [0, 0, 1], [1, 1, 2], [2, 2, 0], [0, 1, 2]])
+THREE = "three-level"
 CARRIES = np.array([[False], [True], [True], [False], [True]])  # the studies that carry finding "x"
 
 
@@ -310,7 +313,7 @@ def test_majority_and_others_rating_by_hand():
 
 
 def test_rating_kappa_by_hand_and_with_scikit_learn():
-    table = rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None)
+    table = rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None, THREE)
     # Studies 0-3 against their majority (0, 0, 1, 2), all readers pooled: 12 pairs; study 4 (tie) is left out.
     # Confusion (rows reader, columns majority): [[5, 0, 1], [1, 2, 0], [0, 1, 2]]; margins r = c = (6, 3, 3).
     # po = 9/12 = 0.75; pe = (36 + 9 + 9) / 144 = 0.375; kappa = (0.75 - 0.375) / 0.625 = 0.6.
@@ -322,13 +325,18 @@ def test_rating_kappa_by_hand_and_with_scikit_learn():
     assert pooled_row(table, "x")["kappa"] == pytest.approx(3 / 7) and pooled_row(table, "x")["n"] == 6
     # Linear weights |i - j|: weighted disagreement 2 + 1 + 1 = 4; sum_ij |i - j| r_i c_j / n = 126 / 12 = 10.5;
     # kappa = 1 - 4 / 10.5 = 13/21.
-    linear = rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None, weights="linear")
+    linear = rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None, THREE, weights="linear")
     assert pooled_row(linear, OVERALL)["kappa"] == pytest.approx(13 / 21)
     reference = majority_rating(RATED)
     for weights, got in ((None, table), ("linear", linear)):
         assert pooled_row(got, OVERALL)["kappa"] == pytest.approx(sk_rating_kappa(RATED, reference, weights))
         assert pooled_row(got, "x")["kappa"] == pytest.approx(
             sk_rating_kappa(RATED[CARRIES[:, 0]], reference[CARRIES[:, 0]], weights))  # fmt: skip
+    # The paper's binary scale: RATED becomes [[0,0,0], [0,0,1], [1,1,1], [1,1,0], [0,1,1]], majority (0,0,1,1,1),
+    # no tie. Confusion [[5, 2], [1, 7]]: po = 12/15; r = (7, 8), c = (6, 9), pe = 114/225;
+    # kappa = (180 - 114) / (225 - 114) = 22/37.
+    binary = pooled_row(rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None), OVERALL)
+    assert (binary["n"], binary["n_tie"], binary["kappa"]) == (15, 0, pytest.approx(22 / 37))
     # One reader: reader c rates (0, 1, 2, 0) against (0, 0, 1, 2) -> sklearn's kappa of those four pairs.
     assert row(table, "majority", "c", OVERALL)["kappa"] == pytest.approx(
         cohen_kappa_score([0, 1, 2, 0], [0, 0, 1, 2], labels=[0, 1, 2]))  # fmt: skip
@@ -366,10 +374,12 @@ def random_ratings(n=60, readers=3, findings=2, seed=0):
 def test_rating_kappa_intervals_contain_the_estimate_are_seeded_and_equal_a_naive_loop():
     ratings, carries = random_ratings()
     resamples = resample_indices(len(ratings), 200, seed=11)
-    table = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resamples)
-    again = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resample_indices(len(ratings), 200, 11))
+    table = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resamples, THREE)
+    again = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resample_indices(len(ratings), 200, 11),
+                             THREE)  # fmt: skip
     pd.testing.assert_frame_equal(table, again)  # the same seed gives the same intervals
-    other = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resample_indices(len(ratings), 200, 12))
+    other = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resample_indices(len(ratings), 200, 12),
+                             THREE)  # fmt: skip
     assert not np.allclose(other["ci_low"], table["ci_low"], equal_nan=True)  # and another seed other intervals
     reference = majority_rating(ratings)
     for k, finding in enumerate(["f", "g", OVERALL]):
@@ -380,7 +390,7 @@ def test_rating_kappa_intervals_contain_the_estimate_are_seeded_and_equal_a_naiv
         replicates = [sk_rating_kappa(ratings[idx][keep[idx]], reference[idx][keep[idx]]) for idx in resamples]
         assert (got["ci_low"], got["ci_high"]) == pytest.approx(percentile_ci(np.array(replicates), 0.95))
         multiplicity = np.bincount(resamples[0], minlength=len(ratings)).astype(float)
-        first = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resamples[:1])
+        first = rating_agreement(ratings, ["a", "b", "c"], carries, ["f", "g"], resamples[:1], THREE)
         assert pooled_row(first, finding)["ci_low"] == pytest.approx(
             sk_rating_kappa(ratings[keep], reference[keep], sample_weight=multiplicity[keep]))  # fmt: skip
 
@@ -389,9 +399,12 @@ def test_a_constant_majority_rating_gives_kappa_zero_by_construction():
     # Every study with at least two "Agree all" (how REVEAL-CXR kept its 200): the majority is always Agree all.
     kept = np.array([[0, 0, 0], [0, 0, 1], [0, 2, 0], [1, 0, 0], [0, 0, 0]])
     assert constant_majority(kept) == "agree all" and constant_majority(RATED) is None
-    table = rating_agreement(kept, ["a", "b", "c"], np.ones((5, 1), bool), ["x"], None)
-    assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(0.0)
-    assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(sk_rating_kappa(kept, majority_rating(kept)))
+    assert constant_majority(kept, THREE) == "agree all"
+    for scale in ("binary", THREE):
+        table = rating_agreement(kept, ["a", "b", "c"], np.ones((5, 1), bool), ["x"], None, scale)
+        assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(0.0)
+        assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(
+            sk_rating_kappa(on_scale(kept, scale), majority_rating(kept, scale)))  # fmt: skip
 
 
 def test_ratings_reject_codes_and_shapes_they_do_not_know():
@@ -399,3 +412,45 @@ def test_ratings_reject_codes_and_shapes_they_do_not_know():
         majority_rating(np.array([[0, 3]]))
     with pytest.raises(ValueError, match="carries must be"):
         rating_agreement(RATED, ["a", "b", "c"], CARRIES[:3], ["x"], None)
+    with pytest.raises(ValueError, match="scale must be one of"):
+        rating_agreement(RATED, ["a", "b", "c"], CARRIES, ["x"], None, "five-level")
+
+
+def swap_mostly_and_disagree(ratings: np.ndarray, readers: list[int]) -> np.ndarray:
+    """``ratings`` with "Agree mostly" (1) and "Disagree" (2) exchanged in the columns of ``readers``."""
+    swapped = ratings.copy()
+    for r in readers:
+        swapped[:, r] = np.select([ratings[:, r] == 1, ratings[:, r] == 2], [2, 1], ratings[:, r])
+    return swapped
+
+
+def test_the_binary_kappa_is_scikit_learns_on_the_merged_ratings_and_blind_to_a_mostly_disagree_swap():
+    ratings, carries = random_ratings(n=80, seed=3)
+    swapped = swap_mostly_and_disagree(ratings, [0, 2])
+    assert (swapped != ratings).any()
+    merged = np.where(ratings >= 0, np.minimum(ratings, 1), -1)  # Agree all = 0; Agree mostly, Disagree = 1
+    assert np.array_equal(on_scale(ratings, "binary"), merged) and np.array_equal(on_scale(swapped, "binary"), merged)
+    # the reference is the majority of the merged ratings: more than half of a study's raters on one side
+    votes = np.stack([(merged == 0).sum(1), (merged == 1).sum(1)], axis=1)
+    reference = np.where(2 * votes.max(1) > votes.sum(1), votes.argmax(1), -1)
+    binary = {name: rating_agreement(r, ["a", "b", "c"], carries, ["f", "g"], None)
+              for name, r in (("as rated", ratings), ("swapped", swapped))}  # fmt: skip
+    for table in binary.values():
+        assert pooled_row(table, OVERALL)["kappa"] == pytest.approx(sk_kappa(*pairs_of(merged, reference)))
+        for r, reader in enumerate(["a", "b", "c"]):
+            keep = (merged[:, r] >= 0) & (reference >= 0)
+            assert row(table, "majority", reader, OVERALL)["kappa"] == pytest.approx(
+                cohen_kappa_score(merged[keep, r], reference[keep]))  # fmt: skip
+        keep_f = carries[:, 0]
+        assert pooled_row(table, "f")["kappa"] == pytest.approx(sk_kappa(*pairs_of(merged[keep_f], reference[keep_f])))
+    pd.testing.assert_frame_equal(binary["as rated"], binary["swapped"])
+    three = {name: pooled_row(rating_agreement(r, ["a", "b", "c"], carries, ["f", "g"], None, THREE), OVERALL)["kappa"]
+             for name, r in (("as rated", ratings), ("swapped", swapped))}  # fmt: skip
+    assert three["as rated"] != pytest.approx(three["swapped"], abs=1e-3)  # the platform's scale sees the swap
+
+
+def pairs_of(levels: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (rating, reference) pair with both present, all readers pooled."""
+    wide = np.broadcast_to(reference[:, None], levels.shape)
+    keep = (levels >= 0) & (wide >= 0)
+    return levels[keep], wide[keep]

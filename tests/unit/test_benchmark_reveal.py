@@ -261,7 +261,7 @@ def test_reveal_through_the_command_line_into_mlflow(tmp_path, capsys):
     assert "model/all/airspace_opacity/auroc" in metrics and "model/all/airspace_opacity/auroc_ci_low" in metrics
     assert "model/all/aneurysm/auroc" not in metrics  # n/a is not logged as a number
     assert 0 < metrics["readers/majority/overall/label_kappa"] <= 1
-    assert "model/all/micro/label_kappa" in metrics and not any(key.endswith("rating_kappa") for key in metrics)
+    assert "model/all/micro/label_kappa" in metrics and not any("rating_kappa" in key for key in metrics)
     assert run_.data.params["layout"] == "readers" and run_.data.params["n_readers"] == "4"
 
 
@@ -299,33 +299,76 @@ def test_a_bad_rating_is_one_named_error(tmp_path):
         read_release(tmp_path, protocol.release, REVEAL_LABELS)
 
 
-def test_the_release_ratings_give_the_rating_kappa_beside_the_label_kappa_in_tables_metrics_and_report(tmp_path):
-    table = write_release_folder(tmp_path / "data", n=12, ratings=True, demographics=True)
+def rating_levels(table: pd.DataFrame, binary: bool) -> np.ndarray:
+    """``(N, 3)`` each rater's level (-1: blank): 0/1/2 as rated, or 0/1/1 with Agree mostly merged with Disagree."""
+    codes = {"agree all": 0, "agree mostly": 1, "disagree": 1 if binary else 2}
+    return table[list(RATERS)].apply(lambda c: c.str.lower().map(codes)).fillna(-1).to_numpy(dtype=int)
+
+
+def sk_majority_kappa(levels: np.ndarray, rows: np.ndarray | None = None) -> tuple[float, int, int]:
+    """scikit-learn's kappa of every rating with its study's majority level (more than half of the study's raters),
+    all raters pooled, on ``rows``; with the pairs scored and the ratings left out for want of a majority."""
+    rows = np.ones(len(levels), bool) if rows is None else rows
+    majority = []
+    for r in levels:
+        given = [v for v in r if v >= 0]
+        top = max(set(given), key=given.count)
+        majority.append(top if 2 * given.count(top) > len(given) else -1)
+    reference = np.broadcast_to(np.array(majority)[:, None], levels.shape)
+    keep = (levels >= 0) & (reference >= 0) & rows[:, None]
+    ties = int(((levels >= 0) & (reference < 0) & rows[:, None]).sum())
+    return float(cohen_kappa_score(levels[keep], reference[keep])), int(keep.sum()), ties
+
+
+def swap_mostly_and_disagree(table: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    swapped = table.copy()
+    for column in columns:
+        lower = swapped[column].str.lower()
+        swapped[column] = np.select([lower == "agree mostly", lower == "disagree"], ["Disagree", "Agree mostly"],
+                                    swapped[column])  # fmt: skip
+    return swapped
+
+
+def test_the_binary_rating_kappa_stands_beside_the_papers_and_ignores_a_mostly_disagree_swap(tmp_path):
+    table = write_release_folder(tmp_path / "rated", n=12, ratings=True, demographics=True)
+    write_release_folder(tmp_path / "swapped", n=12, ratings=True, demographics=True)
+    swapped = swap_mostly_and_disagree(table, (RATERS[0], RATERS[2]))  # readers 1 and 3 swap the two answers
+    swapped.to_csv(tmp_path / "swapped" / "labels.csv", index=False)
+    assert (swapped[list(RATERS)] != table[list(RATERS)]).any().any()
     protocol = reveal(tmp_path, **{"release.ratings": list(RATERS)})
-    result = run(protocol, tmp_path / "data", write_tiny_clip(tmp_path / "clip"), n_boot=50)
-    codes = table[list(RATERS)].apply(lambda c: c.str.lower().map({"agree all": 0, "agree mostly": 1, "disagree": 2}))
-    ratings = codes.fillna(-1).to_numpy(dtype=int)  # (12, 3); the release is already sorted by study id
-    majority = [max(set(r) - {-1}, key=list(r).count) if max(list(r).count(v) for v in set(r) - {-1}) >= 2 else -1
-                for r in ratings]  # fmt: skip
-    reference = np.broadcast_to(np.array(majority)[:, None], ratings.shape)
-    keep = (ratings >= 0) & (reference >= 0)
-    expected = cohen_kappa_score(ratings[keep], reference[keep], labels=[0, 1, 2])
-    kappa = result.extras.tables["readers_rating_kappa"]
-    pooled = kappa[(kappa["reference"] == "majority") & (kappa["reader"] == "all readers")].set_index("finding")
-    assert pooled.loc["overall", "rating_kappa"] == pytest.approx(expected)
-    assert pooled.loc["overall", "n"] == keep.sum() == 36 - 6 - 1
-    # studies 4 and 10 have no majority rating (3 ratings each); study 7's third reader rated nothing
-    assert (pooled.loc["overall", "n_tie"], pooled.loc["overall", "n_blank"]) == (6, 1)
-    opacity = table["airspace_opacity"].to_numpy() == 1  # the per-finding kappa: the studies that carry it
-    keep_o = keep & opacity[:, None]
-    assert pooled.loc["airspace opacity", "rating_kappa"] == pytest.approx(
-        cohen_kappa_score(ratings[keep_o], reference[keep_o], labels=[0, 1, 2]))  # fmt: skip
-    metrics = result.extras.metrics
-    assert metrics["readers/majority/overall/rating_kappa"] == pytest.approx(expected)
-    assert metrics["readers/majority/overall/rating_kappa_ci_low"] <= expected
-    assert not any(key.endswith("/label_kappa") for key in metrics)  # the release has no per-reader 0/1 reads
-    report = "\n\n".join(result.extras.sections)
-    assert f"| overall | 12 | {expected:.3f} [" in report and "Cohen's unweighted kappa" in report
+    clip = write_tiny_clip(tmp_path / "clip")
+    seen = {}
+    for name, frame in (("rated", table), ("swapped", swapped)):
+        result = run(protocol, tmp_path / name, clip, n_boot=50)
+        kappa = result.extras.tables["readers_rating_kappa"]
+        pooled = kappa[(kappa["reference"] == "majority") & (kappa["reader"] == "all readers")]
+        binary, three = (pooled[pooled["scale"] == s].set_index("finding") for s in ("binary", "three-level"))
+        expected = {"binary": sk_majority_kappa(rating_levels(frame, binary=True)),
+                    "three-level": sk_majority_kappa(rating_levels(frame, binary=False))}  # fmt: skip
+        assert binary.loc["overall", "rating_kappa"] == pytest.approx(expected["binary"][0])
+        assert three.loc["overall", "rating_kappa"] == pytest.approx(expected["three-level"][0])
+        opacity = frame["airspace_opacity"].to_numpy() == 1  # per finding: the studies that carry it
+        assert binary.loc["airspace opacity", "rating_kappa"] == pytest.approx(
+            sk_majority_kappa(rating_levels(frame, binary=True), opacity)[0])  # fmt: skip
+        metrics = result.extras.metrics
+        assert metrics["readers/majority/overall/rating_kappa_binary"] == pytest.approx(expected["binary"][0])
+        assert metrics["readers/majority/overall/rating_kappa_three_level"] == pytest.approx(expected["three-level"][0])
+        assert metrics["readers/majority/overall/rating_kappa_binary_ci_low"] <= expected["binary"][0]
+        assert not any(key.endswith("/label_kappa") for key in metrics)  # the release has no per-reader 0/1 reads
+        report = "\n\n".join(result.extras.sections)
+        assert (f"| binary (the paper's scale: Agree all vs Agree mostly or Disagree) | 12 | "
+                f"{expected['binary'][0]:.3f} [") in report and "| 0.622 [0.590, 0.651] |" in report  # fmt: skip
+        assert "| three-level (the platform's: Agree all / Agree mostly / Disagree as rated) | 12 | " in report
+        assert "REVEAL-CXR's per-finding figures, from airspace opacity 0.484" in report
+        seen[name] = (binary, three, expected)
+    (binary, three, expected), (binary_swapped, three_swapped, _) = seen["rated"], seen["swapped"]
+    pd.testing.assert_frame_equal(binary, binary_swapped)  # the paper's scale cannot see the swap...
+    assert three.loc["overall", "rating_kappa"] != pytest.approx(three_swapped.loc["overall", "rating_kappa"], abs=1e-3)
+    # Studies 4 and 10 have no three-level majority (3 ratings each); study 7's third reader rated nothing. On the
+    # binary scale every study has a majority: three raters always split unevenly, and study 7's two agree.
+    assert (three.loc["overall", "n"], three.loc["overall", "n_tie"], three.loc["overall", "n_blank"]) == (
+        expected["three-level"][1], 6, 1) and expected["three-level"][1] == 36 - 6 - 1  # fmt: skip
+    assert (binary.loc["overall", "n"], binary.loc["overall", "n_tie"]) == (35, 0) == expected["binary"][1:]
     assert "| F1 | Label kappa |" in protocol.report_table(result)  # the model's kappa is named a label kappa
 
 
@@ -333,11 +376,12 @@ def test_a_reader_table_says_why_it_has_no_rating_kappa(tmp_path):
     write_reader_folder(tmp_path / "data", n=8)
     result = run(reveal(), tmp_path / "data", write_tiny_clip(tmp_path / "clip"), n_boot=20)
     report = "\n\n".join(result.extras.sections)
-    assert ("**Readers' rating kappa** (Agree all / Agree mostly / Disagree vs the majority rating): n/a (reads.csv "
-            "holds each reader's 0/1 reads of the findings") in report  # fmt: skip
+    assert ("**Readers' rating kappa** (each reader's Agree all / Agree mostly / Disagree vs the majority rating): "
+            "n/a (reads.csv holds each reader's 0/1 reads of the findings") in report  # fmt: skip
     assert "readers_rating_kappa" not in result.extras.tables
-    assert not any(key.endswith("rating_kappa") for key in result.extras.metrics)
+    assert not any("rating_kappa" in key for key in result.extras.metrics)
     assert any(key.endswith("/label_kappa") for key in result.extras.metrics)
+    assert "REVEAL-CXR's per-finding kappas are label kappas of this kind" in report
 
 
 def test_demographics_counts_equal_a_plain_pandas_count(tmp_path):

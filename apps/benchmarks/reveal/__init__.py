@@ -14,9 +14,11 @@
 - Readers' label kappa (when the data has per-reader 0/1 reads): each reader's kappa against the majority of the
   *other* readers and against the full majority, per label and pooled, on the same resamples; the model's label
   kappa beside them with a verdict per label (:mod:`apps.benchmarks.reveal.agreement`).
-- Readers' rating kappa (when the data has each reader's Agree all / Agree mostly / Disagree rating): the
-  paper's agreement figure, each rating against the majority rating, per finding and overall, on the same
-  resamples (:mod:`apps.benchmarks.reveal.ratings`). It is not comparable with the label kappa.
+- Readers' rating kappa (when the data has each reader's Agree all / Agree mostly / Disagree rating): each
+  rating against the majority rating on the paper's binary scale ("Agree mostly" merged with "Disagree", the
+  scale of its 0.622, shown beside it) and on the platform's three-level scale, overall and (the platform's) per
+  finding, on the same resamples (:mod:`apps.benchmarks.reveal.ratings`). It is not comparable with the label
+  kappa, which is what the paper's per-finding figures are.
 - Demographics (age, sex, race, patient class) by subset, each absent column named
   (:mod:`apps.benchmarks.reveal.demographics`).
 - Acquisition balance: DICOM characteristics compared between subsets with Pearson's chi-square
@@ -50,7 +52,7 @@ from apps.benchmarks.framework.protocol import (
 from apps.benchmarks.reveal.acquisition import balance_report
 from apps.benchmarks.reveal.agreement import agreement_plot, cohen_kappa, reader_agreement, verdicts
 from apps.benchmarks.reveal.demographics import demographics, demographics_markdown
-from apps.benchmarks.reveal.ratings import WEIGHTS, constant_majority, rating_agreement
+from apps.benchmarks.reveal.ratings import SCALES, WEIGHTS, constant_majority, rating_agreement
 from apps.benchmarks.reveal.reader_study import (
     MISSING,
     ReaderStudy,
@@ -72,6 +74,18 @@ rating kappa, which it is not comparable with."""
 
 POOLS = {"macro": "Macro (mean over labels)", "micro": "Micro (all pairs pooled)"}
 ALL = "all"
+
+PAPER_RATING_KAPPA = "0.622 [0.590, 0.651]"
+"""REVEAL-CXR's readers' agreement (section 4.2), on its binary scale: "Agree mostly" merged with "Disagree"."""
+PAPER_LABEL_KAPPAS = ("from airspace opacity 0.484 [0.440, 0.524] to hiatal hernia 0.809 [0.688, 0.902], most labels "
+                      "0.744 to 0.809")  # fmt: skip
+"""REVEAL-CXR's per-finding kappas: each reader's 0/1 labels against the majority labels (label kappas)."""
+
+RATING_SCALES = {
+    "binary": "binary (the paper's scale: Agree all vs Agree mostly or Disagree)",
+    "three-level": "three-level (the platform's: Agree all / Agree mostly / Disagree as rated)",
+}
+"""Rating scale (:data:`~apps.benchmarks.reveal.ratings.SCALES`) -> its row title in the report."""
 
 
 def slug(text: str) -> str:
@@ -114,9 +128,10 @@ class RevealProtocol(Protocol):
         readers: :class:`~apps.benchmarks.reveal.reader_study.ReaderTableLayout` fields.
         reference: ``majority`` (the paper's) or ``adjudicated`` (a reader table's adjudicated labels).
         merge_agree_mostly: count "Agree mostly" as disagreement in a study's agreement level when the release
-            gives each reader's rating (the rating kappa keeps the three levels).
-        rating_weights: the rating kappa's weighting: ``None`` (Cohen's unweighted, the default), ``linear`` or
-            ``quadratic`` (as ``sklearn.metrics.cohen_kappa_score`` weighs).
+            gives each reader's rating (the rating kappa is reported on both scales whatever this says).
+        rating_weights: the three-level rating kappa's weighting: ``None`` (Cohen's unweighted, the default),
+            ``linear`` or ``quadratic`` (as ``sklearn.metrics.cohen_kappa_score`` weighs); on the binary scale
+            every weighting is the unweighted kappa.
         demographics: ``columns`` (characteristic -> study-table column, or null) and ``numeric`` (those
             summarised as numbers), see :func:`~apps.benchmarks.reveal.demographics.demographics`.
     """
@@ -332,34 +347,59 @@ class RevealProtocol(Protocol):
         log_pooled(readers, "label_kappa", extras)
 
     def rating_section(self, study: ReaderStudy, truth: Targets, resamples: np.ndarray, extras: Extras) -> str:
-        """The readers' rating kappa (each rating vs the majority rating, the paper's figure), or why there is none."""
-        title = "**Readers' rating kappa** (Agree all / Agree mostly / Disagree vs the majority rating)"
+        """The readers' rating kappa on both scales (each rating vs the majority rating), or why there is none.
+
+        The binary scale leads and carries the paper's 0.622 beside it because that is the scale the paper
+        reports on; the three-level figure is the platform's and is titled so, and the per-finding rows are the
+        platform's too, since the paper's per-finding kappas are label kappas.
+        """
+        title = "**Readers' rating kappa** (each reader's Agree all / Agree mostly / Disagree vs the majority rating)"
         if study.ratings is None:
             return f"{title}: n/a ({study.no_ratings}); the label kappa above is a different quantity"
         carries = truth.labels == 1
-        ratings = rating_agreement(study.ratings, study.raters, carries, truth.names, resamples, self.rating_weights)
-        extras.tables["readers_rating_kappa"] = ratings.rename(columns={"kappa": "rating_kappa"})
-        log_pooled(ratings, "rating_kappa", extras)
-        kind = "Cohen's unweighted" if self.rating_weights is None else f"{self.rating_weights}-weighted"
-        lines = [f"{title}: {kind} kappa, 95% CI over resampled studies; per finding on the studies that carry it, "
-                 "overall on every study once. Not comparable with the label kappa.", "",
-                 "| finding | studies | rating kappa vs full majority (the paper's) | vs the others' majority |",
-                 "|---|---|---|---|"]  # fmt: skip
-        pooled = ratings[ratings["reader"] == "all readers"].set_index(["reference", "finding"])
-        for k, finding in enumerate([*truth.names, "overall"]):
-            studies = int(carries[:, k].sum()) if k < len(truth.names) else len(truth)
-            cells = [format_cell({"value": row["kappa"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]})
-                     for row in (pooled.loc[(reference, finding)] for reference in ("majority", "leave-one-out"))]  # fmt: skip
-            lines.append(f"| {finding} | {studies} | {cells[0]} | {cells[1]} |")
+        tables = {scale: rating_agreement(study.ratings, study.raters, carries, truth.names, resamples, scale,
+                                          self.rating_weights) for scale in SCALES}  # fmt: skip
+        extras.tables["readers_rating_kappa"] = pd.concat(
+            [table.assign(scale=scale) for scale, table in tables.items()], ignore_index=True
+        ).rename(columns={"kappa": "rating_kappa"})
+        for scale, table in tables.items():
+            log_pooled(table, f"rating_kappa_{slug(scale).replace('-', '_')}", extras)
+        pooled = {scale: table[table["reader"] == "all readers"].set_index(["reference", "finding"])
+                  for scale, table in tables.items()}  # fmt: skip
+
+        def cells(scale: str, finding: str) -> list[str]:
+            return [format_cell({"value": row["kappa"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]})
+                    for row in (pooled[scale].loc[(reference, finding)] for reference in ("majority", "leave-one-out"))]  # fmt: skip
+
+        weighting = "unweighted" if self.rating_weights is None else f"{self.rating_weights}-weighted"
+        paper = {"binary": PAPER_RATING_KAPPA, "three-level": "not reported"}
+        lines = [f"{title}: Cohen's kappa (the three-level one {weighting}; on two levels every weighting is the "
+                 "unweighted kappa), all readers pooled, 95% CI over resampled studies. Not comparable with the "
+                 "label kappa.", "",
+                 "| rating kappa, overall | studies | vs full majority | vs the others' majority | REVEAL-CXR |",
+                 "|---|---|---|---|---|"]  # fmt: skip
+        for scale in SCALES:
+            lines.append(f"| {RATING_SCALES[scale]} | {len(truth)} | " + " | ".join(cells(scale, "overall"))
+                         + f" | {paper[scale]} |")  # fmt: skip
+        lines += ["", "**Rating kappa per finding** (the platform's: a rating judges all of a study's labels at once, "
+                  "so a finding's figure is the kappa on the studies that carry it; REVEAL-CXR's per-finding "
+                  f"figures, {PAPER_LABEL_KAPPAS}, are label kappas against the majority labels, not these)", "",
+                  "| finding | studies | binary vs full majority | binary vs the others' majority | three-level vs "
+                  "full majority | three-level vs the others' majority |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for k, finding in enumerate(truth.names):
+            row = [*cells("binary", finding), *cells("three-level", finding)]
+            lines.append(f"| {finding} | {int(carries[:, k].sum())} | " + " | ".join(row) + " |")
         constant = constant_majority(study.ratings)
         if constant is not None:
-            lines += ["", f"The majority rating is {constant!r} on every study that has one, so kappa against it is 0 "
-                      "(or undefined) by construction: the chance agreement equals the observed. REVEAL-CXR kept only "
-                      "studies with at least two 'Agree all', so its 0.622 cannot come from the kept studies alone: "
-                      "it needs the ratings of the studies reviewed before that selection."]  # fmt: skip
-        ties = int(pooled.loc[("majority", "overall"), "n_tie"])
-        if ties:
-            lines += ["", f"{ties} rating(s) of studies without a majority rating (every reader different) left out."]
+            lines += ["", f"The binary majority rating is {constant!r} on every study that has one, so kappa against "
+                      "it is 0 (or undefined) by construction: the chance agreement equals the observed. REVEAL-CXR "
+                      "kept only studies with at least two 'Agree all', so its 0.622 cannot come from the kept "
+                      "studies alone: it needs the ratings of the studies reviewed before that selection."]  # fmt: skip
+        ties = {scale: int(pooled[scale].loc[("majority", "overall"), "n_tie"]) for scale in SCALES}
+        if any(ties.values()):
+            lines += ["", "Ratings of studies without a majority rating, left out: "
+                      + ", ".join(f"{n} on the {scale} scale" for scale, n in ties.items()) + "."]  # fmt: skip
         return "\n".join(lines)
 
     def demographics_section(self, study: ReaderStudy, extras: Extras) -> str:
@@ -418,6 +458,8 @@ def readers_section(readers: pd.DataFrame, verdict: pd.DataFrame | None) -> str:
         values = individual[individual["finding"] == finding]["kappa"].dropna()
         span = f"{values.min():.3f} to {values.max():.3f} ({len(values)} readers)" if len(values) else "n/a"
         lines.append(f"| {finding} | {cells[0]} | {cells[1]} | {span} |")
+    lines += ["", f"REVEAL-CXR's per-finding kappas are label kappas of this kind against the majority labels: "
+              f"{PAPER_LABEL_KAPPAS}. Its 0.622 is a rating kappa (binary scale), a different quantity."]  # fmt: skip
     if verdict is not None:
         lines += ["", "**Model vs readers** (the model's label kappa against the full majority, readers' against the "
                   "others' majority)", "", frame_markdown(verdict)]  # fmt: skip

@@ -1,26 +1,31 @@
 """The readers' *rating* agreement on REVEAL-CXR: Cohen's kappa of each reader's rating with the majority rating.
 
 REVEAL-CXR's readers did not label findings from scratch: each one rated the labels suggested for a study as
-"Agree all", "Agree mostly" or "Disagree". The paper's kappa (0.622 overall) measures how well those *ratings*
-agree with the readers' majority rating; it is a different quantity from the kappa of 0/1 findings against the
-majority label (:mod:`apps.benchmarks.reveal.agreement`, the *label* kappa), and the two are never to be set side
-by side as if comparable.
+"Agree all", "Agree mostly" or "Disagree". The paper (section 4.2) merges "Agree mostly" with "Disagree" and
+reports Cohen's kappa 0.622 "on this binary scale"; that agreement of *ratings* is a different quantity from the
+kappa of 0/1 findings against the majority label (:mod:`apps.benchmarks.reveal.agreement`, the *label* kappa,
+which is what the paper's per-finding figures are), and the two are never to be set side by side as if
+comparable.
 
 Choices, each documented in docs/benchmarks.md (REVEAL-CXR):
 
-- **Levels**: the three ratings as given, coded 0 = Agree all, 1 = Agree mostly, 2 = Disagree (the ordinal
-  order); ``-1`` = not rated, left out of that reader's pairs and counted. Merging "Agree mostly" into
-  "Disagree" is a rule for the agreement level of a study, not for this kappa.
+- **Scale** (:data:`SCALES`): ``binary``, the paper's: "Agree all" against "Agree mostly or Disagree", so a
+  reader who answers "Agree mostly" where another answers "Disagree" agrees with them, as in the paper's figure.
+  ``three-level`` is the platform's own: the three ratings as given, in their ordinal order, so that a
+  swap between "Agree mostly" and "Disagree" counts as disagreement. Ratings are read as the three codes of
+  :data:`RATINGS` (``-1`` = not rated, left out of that reader's pairs and counted) and moved to a scale before
+  anything else, so the majority is taken on the scale scored.
 - **Kappa type**: unweighted Cohen's kappa by default. The paper reports "kappa" with no weighting, and the
-  scale's steps are not evidently equal (Agree all -> Agree mostly is one corrected label, Agree mostly ->
-  Disagree may be many), which a linear weight would assume. ``weights="linear"`` or ``"quadratic"`` weigh
-  disagreements by ``|i - j|`` or ``(i - j)^2`` exactly as ``sklearn.metrics.cohen_kappa_score`` does.
+  three-level scale's steps are not evidently equal (Agree all -> Agree mostly is one corrected label, Agree
+  mostly -> Disagree may be many), which a linear weight would assume. ``weights="linear"`` or ``"quadratic"``
+  weigh disagreements by ``|i - j|`` or ``(i - j)^2`` exactly as ``sklearn.metrics.cohen_kappa_score`` does; on
+  the binary scale every weighting is the unweighted kappa.
 - **Majority rating**: the level given by more than half of the readers who rated the study; none when no level
-  has that (three readers, three different ratings), and such a study is left out and counted as a tie.
-  ``majority`` includes the reader being scored (the paper's reference); ``leave-one-out`` is the majority of
-  the other readers, which is defined only where those agree.
-- **Per finding**: a rating judges all of a study's labels at once, so a finding's rating kappa is the kappa on
-  the studies that carry the finding (reference positive); "overall" counts every study once.
+  has that (three readers, three different three-level ratings), and such a study is left out and counted as a
+  tie. ``majority`` includes the reader being scored; ``leave-one-out`` is the majority of the other readers,
+  which is defined only where those agree.
+- **Per finding** (the platform's): a rating judges all of a study's labels at once, so a finding's rating kappa
+  is the kappa on the studies that carry the finding (reference positive); "overall" counts every study once.
 - **Intervals**: the study-level resamples the label kappa uses, so both intervals are paired. As for the label
   kappa, a resample's counts are its per-study multiplicities times the per-study tables.
 """
@@ -37,31 +42,48 @@ from evaluation.bootstrap import percentile_ci
 
 __all__ = [
     "RATINGS",
+    "SCALES",
     "WEIGHTS",
     "constant_majority",
     "kappa_from_confusion",
     "majority_rating",
+    "on_scale",
     "others_rating",
     "rating_agreement",
 ]
 
 RATINGS = ("agree all", "agree mostly", "disagree")
-"""The rating levels (lower case) in ordinal order; a rating's code is its index here."""
+"""The rating levels as read (lower case) in ordinal order; a rating's code is its index here."""
+
+SCALES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+    "binary": (("agree all", "agree mostly or disagree"), (0, 1, 1)),
+    "three-level": (RATINGS, (0, 1, 2)),
+}
+"""scale -> (its level names, the level each code of :data:`RATINGS` moves to). ``binary`` is REVEAL-CXR's scale
+(its kappa 0.622), ``three-level`` the platform's."""
 
 WEIGHTS = {None: None, "linear": 1, "quadratic": 2}
 """``weights`` -> the power of ``|i - j|`` that weighs a disagreement (``None``: every disagreement weighs 1),
 spelled as ``sklearn.metrics.cohen_kappa_score`` spells them."""
 
-LEVELS = len(RATINGS)
+
+def _scale(scale: str) -> tuple[tuple[str, ...], np.ndarray]:
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}")
+    names, moves = SCALES[scale]
+    return names, np.asarray(moves, dtype=np.int64)
 
 
-def _check(ratings: np.ndarray) -> np.ndarray:
+def on_scale(ratings: np.ndarray, scale: str) -> np.ndarray:
+    """``(N, R)`` codes of :data:`RATINGS` (-1: not rated) -> the same cells as levels of ``scale`` (-1 kept)."""
     ratings = np.asarray(ratings)
     if ratings.ndim != 2:
         raise ValueError(f"ratings must be (studies, readers), got shape {ratings.shape}")
-    if ratings.size and not np.isin(ratings, (-1, *range(LEVELS))).all():
-        raise ValueError(f"ratings must be coded 0..{LEVELS - 1} or -1 (not rated); got {np.unique(ratings)}")
-    return ratings.astype(np.int64)
+    if ratings.size and not np.isin(ratings, (-1, *range(len(RATINGS)))).all():
+        raise ValueError(f"ratings must be coded 0..{len(RATINGS) - 1} or -1 (not rated); got {np.unique(ratings)}")
+    ratings = ratings.astype(np.int64)
+    _, moves = _scale(scale)
+    return np.where(ratings >= 0, moves[np.clip(ratings, 0, None)], -1)
 
 
 def _majority(votes: np.ndarray, given: np.ndarray) -> np.ndarray:
@@ -70,28 +92,30 @@ def _majority(votes: np.ndarray, given: np.ndarray) -> np.ndarray:
     return np.where(2 * votes.max(axis=-1) > given, winner, -1).astype(np.int64)
 
 
-def _votes(ratings: np.ndarray) -> np.ndarray:
-    return np.stack([(ratings == level).sum(axis=1) for level in range(LEVELS)], axis=-1)  # (N, L)
+def _votes(levels: np.ndarray, n_levels: int) -> np.ndarray:
+    return np.stack([(levels == level).sum(axis=1) for level in range(n_levels)], axis=-1)  # (N, L)
 
 
-def majority_rating(ratings: np.ndarray) -> np.ndarray:
-    """``(N, R)`` codes -> ``(N,)``: the level more than half of the study's ratings give, -1 where none does."""
-    ratings = _check(ratings)
-    votes = _votes(ratings)
+def majority_rating(ratings: np.ndarray, scale: str = "three-level") -> np.ndarray:
+    """``(N, R)`` codes -> ``(N,)``: the level of ``scale`` more than half of the study's ratings give, -1 where
+    none does."""
+    levels, n_levels = on_scale(ratings, scale), len(_scale(scale)[0])
+    votes = _votes(levels, n_levels)
     return _majority(votes, votes.sum(axis=1))
 
 
-def others_rating(ratings: np.ndarray) -> np.ndarray:
-    """``(N, R)``: for each reader the majority of the *other* readers' ratings (-1 where they have none)."""
-    ratings = _check(ratings)
-    votes = _votes(ratings)[:, None, :] - (ratings[:, :, None] == np.arange(LEVELS))  # (N, R, L)
+def others_rating(ratings: np.ndarray, scale: str = "three-level") -> np.ndarray:
+    """``(N, R)``: for each reader the majority of the *other* readers' ratings on ``scale`` (-1 where they have
+    none)."""
+    levels, n_levels = on_scale(ratings, scale), len(_scale(scale)[0])
+    votes = _votes(levels, n_levels)[:, None, :] - (levels[:, :, None] == np.arange(n_levels))  # (N, R, L)
     return _majority(votes, votes.sum(axis=2))
 
 
-def weight_matrix(weights: str | None) -> np.ndarray:
+def weight_matrix(weights: str | None, n_levels: int) -> np.ndarray:
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {list(WEIGHTS)}, got {weights!r}")
-    distance = np.abs(np.subtract.outer(np.arange(LEVELS), np.arange(LEVELS))).astype(np.float64)
+    distance = np.abs(np.subtract.outer(np.arange(n_levels), np.arange(n_levels))).astype(np.float64)
     return (distance > 0).astype(np.float64) if WEIGHTS[weights] is None else distance ** WEIGHTS[weights]
 
 
@@ -104,9 +128,9 @@ def kappa_from_confusion(counts: np.ndarray, weights: str | None = None) -> np.n
     no pairs -- so that test needs no tolerance.
     """
     counts = np.asarray(counts, dtype=np.float64)
-    if counts.shape[-2:] != (LEVELS, LEVELS):
-        raise ValueError(f"counts must end in ({LEVELS}, {LEVELS}), got shape {counts.shape}")
-    w = weight_matrix(weights)
+    if counts.ndim < 2 or counts.shape[-1] != counts.shape[-2]:
+        raise ValueError(f"counts must end in (L, L), got shape {counts.shape}")
+    w = weight_matrix(weights, counts.shape[-1])
     rows, cols, n = counts.sum(axis=-1), counts.sum(axis=-2), counts.sum(axis=(-2, -1))
     observed = (counts * w).sum(axis=(-2, -1))
     expected = np.einsum("...i,ij,...j->...", rows, w, cols)
@@ -114,14 +138,15 @@ def kappa_from_confusion(counts: np.ndarray, weights: str | None = None) -> np.n
         return np.where(expected > 0, 1.0 - n * observed / expected, np.nan)
 
 
-def constant_majority(ratings: np.ndarray) -> str | None:
-    """The one majority rating every rated study has, or ``None`` when it varies (or no study has one).
+def constant_majority(ratings: np.ndarray, scale: str = "binary") -> str | None:
+    """The one majority level of ``scale`` every rated study has, or ``None`` when it varies (or none has one).
 
     Against a constant reference kappa is 0 (or undefined) whatever the readers do: the chance agreement equals
-    the observed. REVEAL-CXR kept only studies with at least two "Agree all", so on its release this is the case.
+    the observed. REVEAL-CXR kept only studies with at least two "Agree all", so on its release this is the case
+    on either scale.
     """
-    levels = set(majority_rating(ratings).tolist()) - {-1}
-    return RATINGS[levels.pop()] if len(levels) == 1 else None
+    levels = set(majority_rating(ratings, scale).tolist()) - {-1}
+    return _scale(scale)[0][levels.pop()] if len(levels) == 1 else None
 
 
 def rating_agreement(
@@ -130,6 +155,7 @@ def rating_agreement(
     carries: np.ndarray,
     findings: Sequence[str],
     resamples: np.ndarray | None,
+    scale: str = "binary",
     weights: str | None = None,
     ci: float = 0.95,
 ) -> pd.DataFrame:
@@ -141,6 +167,8 @@ def rating_agreement(
         carries: ``(N, K)`` bool, whether study ``n`` carries finding ``k`` (its reference is positive).
         findings: the ``K`` finding names.
         resamples: ``(B, N)`` study indices (the protocol's, shared with the label kappa); ``None`` for none.
+        scale: ``"binary"`` (the paper's: Agree mostly merged with Disagree) or ``"three-level"``
+            (:data:`SCALES`).
         weights: ``None`` (Cohen's unweighted), ``"linear"`` or ``"quadratic"``.
         ci: interval coverage.
 
@@ -149,8 +177,9 @@ def rating_agreement(
         (readers + ``"all readers"``) x (findings + ``"overall"``): ``n`` pairs scored, ``kappa``, ``ci_low``,
         ``ci_high``, ``n_blank`` (not rated although the reference exists), ``n_tie`` (rated, no reference).
     """
-    ratings = _check(ratings)
-    n_items, n_readers = ratings.shape
+    levels = on_scale(ratings, scale)
+    n_levels = len(_scale(scale)[0])
+    n_items, n_readers = levels.shape
     carries = np.asarray(carries, dtype=bool)
     if carries.shape != (n_items, len(findings)):
         raise ValueError(f"carries must be ({n_items}, {len(findings)}), got shape {carries.shape}")
@@ -160,22 +189,22 @@ def rating_agreement(
     if resamples.ndim != 2 or resamples.shape[1] != n_items:
         raise ValueError(f"resamples must be (n_boot, {n_items}) study indices, got shape {resamples.shape}")
     scope = np.concatenate([carries, np.ones((n_items, 1), bool)], axis=1).astype(np.float64)  # (N, K + 1)
-    full = np.broadcast_to(majority_rating(ratings)[:, None], ratings.shape)
-    others = others_rating(ratings)
-    references = {"majority": (full, full), "leave-one-out": (np.where(ratings >= 0, others, -1), others)}
+    full = np.broadcast_to(majority_rating(ratings, scale)[:, None], levels.shape)
+    others = others_rating(ratings, scale)
+    references = {"majority": (full, full), "leave-one-out": (np.where(levels >= 0, others, -1), others)}
     names = [*map(str, readers), ALL_READERS]
     labels = [*map(str, findings), OVERALL]
     rows = []
     for reference_name, (reference, available) in references.items():
-        scored = (ratings >= 0) & (reference >= 0)
-        cell = np.where(scored, ratings * LEVELS + reference, 0)
-        pairs = np.eye(LEVELS * LEVELS)[cell] * scored[..., None]  # (N, R, L*L)
+        scored = (levels >= 0) & (reference >= 0)
+        cell = np.where(scored, levels * n_levels + reference, 0)
+        pairs = np.eye(n_levels * n_levels)[cell] * scored[..., None]  # (N, R, L*L)
         indicator = pairs[:, :, None, :] * scope[:, None, :, None]  # (N, R, K + 1, L*L)
         counts = np.concatenate([indicator.sum(axis=0)[None], bootstrap_counts(resamples, indicator)])
         counts = np.concatenate([counts, counts.sum(axis=1, keepdims=True)], axis=1)  # + all readers
-        kappas = kappa_from_confusion(counts.reshape(*counts.shape[:-1], LEVELS, LEVELS), weights)
-        blank = ((ratings < 0) & (available >= 0))[:, :, None] * scope[:, None, :]
-        tie = ((ratings >= 0) & (reference < 0))[:, :, None] * scope[:, None, :]
+        kappas = kappa_from_confusion(counts.reshape(*counts.shape[:-1], n_levels, n_levels), weights)
+        blank = ((levels < 0) & (available >= 0))[:, :, None] * scope[:, None, :]
+        tie = ((levels >= 0) & (reference < 0))[:, :, None] * scope[:, None, :]
         blank, tie = (np.concatenate([v.sum(axis=0), v.sum(axis=(0, 1))[None]]) for v in (blank, tie))
         for r, reader in enumerate(names):
             for k, finding in enumerate(labels):
