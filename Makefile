@@ -86,10 +86,12 @@ register: setup ## Register the best finished run as cxrlt-<task>@champion: make
 serve: setup ## Serve the champion over REST on 127.0.0.1:5000 (the model checked first): make serve TASK=task1 [PORT=5001] [MODEL=models:/...] [IMAGE_ROOT=<folder requests may name images under; default none, image_b64 only>]
 	$(PY) -m apps.serve --model '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' --port $(PORT) $(if $(IMAGE_ROOT),--image-root '$(IMAGE_ROOT)')
 
-submit: setup ## Validated submission (CSV; ImageCLEF run file for concept tasks): make submit TASK=task1 [TEMPLATE=t.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.csv] [THRESHOLDS=global|per_class]
+# The line as typed, for the upload's code/COMMAND.txt.
+submit: export CXRLT_SUBMIT_COMMAND = make submit $(strip TASK=$(TASK) $(foreach v,MODEL TEMPLATE MANIFEST ROOT TTA OUT ID_COLUMN THRESHOLDS,$(if $(strip $($(v))),$(v)="$(strip $($(v)))")))
+submit: setup ## Validated upload zip (the CSV in the organisers' format + code/; ImageCLEF run file for concept tasks): make submit TASK=task1 [TEMPLATE=CXRLT_2026_TEST_ALL_TASK1.csv] [MODEL="models:/cxrlt-task1@champion <run id> ..."] [TTA=default] [MANIFEST=m.csv ROOT=dir] [OUT=f.zip|f.csv] [ID_COLUMN=dicom_id] [THRESHOLDS=global|per_class]
 	$(PY) -m apps.submit_cli --task $(TASK) $(foreach m,$(MODEL),--model '$(m)') $(if $(TEMPLATE),--template '$(TEMPLATE)') \
 		$(if $(MANIFEST),--manifest '$(MANIFEST)') $(if $(ROOT),--root '$(ROOT)') $(if $(TTA),--tta $(TTA)) $(if $(OUT),--out '$(OUT)') \
-		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS))
+		$(if $(ID_COLUMN),--id-column '$(ID_COLUMN)') $(if $(THRESHOLDS),--thresholds $(THRESHOLDS))
 
 ensemble: setup ## Weights fitted on validation for several finished runs, logged as a run: make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]; then make submit MODEL=ensemble:<run id>
 	@test -n "$(strip $(MODELS))" || { echo 'usage: make ensemble TASK=task1 MODELS="<run id|models:/...> <...>" [WEIGHTS=per_model|per_class|mean]'; exit 2; }

@@ -2,7 +2,8 @@
 
 Images. By default the test split of the data manifest the (first) model's source run was trained on; or any
 manifest (``--manifest``, images relative to ``--root`` or the manifest's folder), so the organisers' unlabelled
-test set is scored the same way. With ``--template`` the rows are the template's ids, looked up in the manifest.
+test set is scored the same way. With ``--template`` the rows are the template's ids, looked up in the manifest: the organisers' test list as
+released (its evaluation images are test rows of the release's manifest) or their sample submission.
 
 Models. Each ``--model`` is a registry URI (``models:/cxrlt-task1@champion``, ``models:/cxrlt-task1/3``), a
 ``runs:/<id>`` URI or a bare run id; several are averaged (probabilities, after each one's own TTA), which is the
@@ -10,8 +11,10 @@ checkpoint ensemble of the challenge's winners. Every member must predict the sa
 (alone) names a ``make ensemble`` run instead: its members, weighted per class as its checked
 ``ensemble/weights.json`` says (:mod:`apps.ensemble`), replace the plain mean.
 
-The file is validated (:mod:`apps.submission`) before it is written, then logged to each member's source
-run under ``submissions/``.
+The file (:mod:`apps.submission`) is the upload zip by default (``--out <name>.zip``: the CSV and ``code/``, the
+source at the first member's commit with its config and this command line), or the bare CSV (``--out
+<name>.csv``). It is validated before it is written and again as written, then logged to each member's source run
+under ``submissions/``.
 
 What is written depends on the task (``submission_format`` in ``configs/task/<task>.yaml``,
 :data:`WRITERS`): the CXR-LT probability CSV (``probabilities``, the default), or, for concept detection
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shlex
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,6 +40,7 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
 from apps.benchmarks.imageclef_concepts.scoring import empty_rows, write_run
@@ -43,13 +49,14 @@ from apps.ensemble import WEIGHTS_ARTIFACT, EnsembleError, StoredEnsemble, load_
 from apps.registry import ALIAS, model_name
 from apps.serving import Scorer
 from apps.submission import (
+    COMMIT_TAG,
+    CodeRecord,
     SubmissionError,
     Template,
     build_submission,
     submission_format,
     task_setting,
-    validate,
-    validate_file,
+    write_submission,
 )
 from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
 from evaluation.prediction_columns import ID_COLUMN
@@ -57,14 +64,19 @@ from evaluation.tta import TTAPredictor
 from training.config_files import config_file
 from training.data.images import read_grayscale
 from training.errors import user_errors
-from training.runs import ModelNotFound, read_config
+from training.runs import CONFIG, ModelNotFound, read_config
 from training.targets import UnsafeConfig
+from training.tracking.artifacts import download
+from training.tracking.redaction import redact_text
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import resolve_tracking_uri, tracking_client
 
 log = logging.getLogger(__name__)
 
 TTA_CONFIGS = config_file("tta")
+#: The ``make submit`` line as typed, which the Makefile exports for ``code/COMMAND.txt``.
+MAKE_COMMAND_ENV = "CXRLT_SUBMIT_COMMAND"
+SUBMISSION_SUFFIXES = (".zip", ".csv")
 
 
 def run_manifest(client: MlflowClient, run_id: str) -> tuple[Path, Path]:
@@ -113,10 +125,51 @@ def ensemble_predict(members: Sequence[Scorer], paths: Sequence[Path], tta: TTAP
     return total / len(members) if weights is None else total
 
 
+def code_record(client: MlflowClient, run_ids: Sequence[str], command: str) -> CodeRecord:
+    """What the zip's ``code/`` records of the first run (its ``config.yaml`` artifact and commit tag), the other
+    members' configs, and ``command`` redacted like everything the platform logs (the zip leaves the team).
+
+    Raises:
+        SubmissionError: a run without its ``config.yaml`` artifact.
+    """
+    configs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, run_id in enumerate(dict.fromkeys(run_ids)):
+            try:
+                configs[run_id] = Path(download(client, run_id, CONFIG, f"{tmp}/{k}")).read_bytes()
+            except (MlflowException, OSError) as error:
+                raise SubmissionError(f"run {run_id}: no {CONFIG} artifact for code/ ({error})") from None
+    first, *others = configs
+    commit = client.get_run(first).data.tags.get(COMMIT_TAG)
+    return CodeRecord(configs[first], redact_text(command), commit, first, {run: configs[run] for run in others})
+
+
+def python_command(task: str, models: Sequence[str], out: Path, template_path: Path | None, manifest: Path | None,
+                   root: Path | None, split: str, tta: str | None, id_column: str | None) -> str:  # fmt: skip
+    """The ``python -m apps.submit_cli`` line equivalent to a call of :func:`submit`."""
+    words = ["python", "-m", "apps.submit_cli", "--task", task]
+    for model in models:
+        words += ["--model", model]
+    options = {"--template": template_path, "--manifest": manifest, "--root": root, "--tta": tta,
+               "--id-column": id_column, "--out": out}  # fmt: skip
+    words += [w for name, value in options.items() if value is not None for w in (name, str(value))]
+    return shlex.join(words + (["--split", split] if split != "test" else []))
+
+
 def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path: Path | None = None,
            manifest: Path | None = None, root: Path | None = None, split: str = "test",
-           tta: str | None = None) -> pd.DataFrame:  # fmt: skip
-    """Predict, build, validate, write and log a submission; returns the written frame."""
+           tta: str | None = None, id_column: str | None = None, command: str | None = None) -> pd.DataFrame:  # fmt: skip
+    """Predict, build, validate, write and log a submission (a ``.zip`` upload or a bare ``.csv``); returns the
+    written frame.
+
+    Args:
+        id_column: the id column's name (``dicom_id`` for the challenge page); default the template's own, else
+            ``ImageID``.
+        command: the command line(s) for ``code/COMMAND.txt``; default the ``python -m apps.submit_cli`` line
+            equivalent to this call.
+    """
+    if out.suffix not in SUBMISSION_SUFFIXES:
+        raise SubmissionError(f"--out {out}: a submission is a .zip (the upload: the CSV and code/) or a .csv")
     stored = ensemble_weights(client, models)
     members = [Scorer.load(uri, client) for uri in (stored.members if stored else models)]
     if stored:
@@ -125,27 +178,37 @@ def submit(client: MlflowClient, models: Sequence[str], out: Path, template_path
                 raise EnsembleError(f"run {member.run_id} predicts other labels than ensemble run {stored.run_id} "
                                     f"weighs ({WEIGHTS_ARTIFACT}); refit it with make ensemble")  # fmt: skip
     labels = members[0].labels
+    task = members[0].finished.task
+    command = command or python_command(task, models, out, template_path, manifest, root, split, tta, id_column)
     if manifest is None:
         manifest, root = run_manifest(client, members[0].run_id)
     root = root or manifest.parent
-    template = Template.read(template_path) if template_path else None
+    template = Template.read(template_path, members[0].submission_labels) if template_path else None
     rows = rows_to_predict(manifest, None if template else split, template.ids if template else None)
     template = template or Template.default(members[0].submission_labels, rows[ID_COLUMN].tolist())
+    template = template.with_id_column(id_column) if id_column else template
+    run_ids = [m.run_id for m in members if m.run_id]
+    record = None
+    if out.suffix == ".zip":
+        record = code_record(client, run_ids, command)
     predictor = TTAPredictor.from_config(OmegaConf.load(TTA_CONFIGS / f"{tta}.yaml")) if tta else None
     log.info("predicting %d images with %d model(s)%s", len(rows), len(members), f", TTA {tta}" if tta else "")
     probs = ensemble_predict(members, [root / p for p in rows["path"]], predictor, stored.weights if stored else None)
     frame = build_submission(template, rows[ID_COLUMN].tolist(), probs, labels)
-    validate(frame, template)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out, index=False, float_format="%.6f")
-    validate_file(out, template)  # the bytes on disk, re-read, are what gets sent
-    for run_id in dict.fromkeys([*(m.run_id for m in members if m.run_id), *([stored.run_id] if stored else [])]):
+    described = write_submission(frame, template, out, record)
+    if described:
+        log.info("code/ in %s: %s", out, described)
+    for run_id in dict.fromkeys([*run_ids, *([stored.run_id] if stored else [])]):
         run = TrackedRun(client, run_id)
         run.log_artifact(out, "submissions")
         run.set_tags({"cxrlt.last_submission": out.name})
     if template_path is None:  # the split's own rows: its labels score the file
-        log.info("score it: make score TASK=%s PREDICTIONS=%s MANIFEST=%s SPLIT=%s", members[0].finished.task, out,
-                 manifest, split)  # fmt: skip
+        predictions = out
+        if out.suffix == ".zip":
+            predictions = out.with_suffix(".csv")
+            log.info("score it: unzip -o %s %s -d %s", out, predictions.name, out.parent)
+        log.info("score it: make score TASK=%s PREDICTIONS=%s MANIFEST=%s SPLIT=%s", task, predictions, manifest,
+                 split)  # fmt: skip
     return frame
 
 
@@ -231,14 +294,25 @@ def submit_concepts(client: MlflowClient, models: Sequence[str], out: Path, temp
     return run, chosen
 
 
+def command_lines(args: argparse.Namespace) -> str:
+    """``code/COMMAND.txt``: the ``make submit`` line as typed (when make ran it) and the Python line it ran."""
+    python = shlex.join(["python", "-m", "apps.submit_cli", *getattr(args, "argv", [])])
+    return "\n".join(line for line in (os.environ.get(MAKE_COMMAND_ENV, "").strip(), python) if line)
+
+
 def _write_probabilities(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
-    frame = submit(client, models, out, args.template, args.manifest, args.root, args.split, args.tta)
-    return f"wrote {out}: {len(frame)} rows x {frame.shape[1] - 1} classes, validated; logged to the source run(s)"
+    frame = submit(client, models, out, args.template, args.manifest, args.root, args.split, args.tta,
+                   args.id_column, command_lines(args) if hasattr(args, "argv") else None)  # fmt: skip
+    kind = "the upload (CSV and code/)" if out.suffix == ".zip" else "CSV"
+    return (f"wrote {out}, {kind}: {len(frame)} rows x {frame.shape[1] - 1} classes, validated; logged to the "
+            "source run(s)")  # fmt: skip
 
 
 def _write_concepts(client: MlflowClient, models: Sequence[str], out: Path, args: argparse.Namespace) -> str:
     if any(m.startswith(ENSEMBLE_PREFIX) for m in models):
         raise SubmissionError("ensemble weights (make ensemble) are for probability submissions, not concept tasks")
+    if out.suffix == ".zip":
+        raise SubmissionError(f"--out {out}: a concept task writes ImageCLEF's run file, not a zip; give a .csv")
     mode = args.thresholds or str(task_setting(args.task, "thresholds", "per_class"))
     if mode not in MODES:
         raise SubmissionError(f"thresholds {mode!r} is not one of {sorted(MODES)}")
@@ -257,8 +331,10 @@ def run(args: argparse.Namespace) -> None:
     """The submission :mod:`apps.submit_cli` asked for, its arguments already checked."""
     uri = resolve_tracking_uri()
     models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
-    out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}.csv"
     # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
     with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
-        message = WRITERS[submission_format(args.task)](tracking_client(uri), models, out, args)
+        kind = submission_format(args.task)
+        suffix = ".zip" if kind == "probabilities" else ".csv"  # the CXR-LT upload; ImageCLEF's run file
+        out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
+        message = WRITERS[kind](tracking_client(uri), models, out, args)
     log.info("%s", message)

@@ -31,7 +31,7 @@ SUBMISSION_ID_COLUMN = "ImageID"
 #: Run predictions hold a label's ground truth in ``true/<label>``.
 TRUE_PREFIX = "true/"
 #: Column keys that name the image id, in any spelling.
-ID_KEYS = frozenset({"imageid"})
+ID_KEYS = frozenset({"imageid", "dicomid"})  # dicom_id: the challenge page's name for ImageID
 
 
 class PredictionsError(ValueError):

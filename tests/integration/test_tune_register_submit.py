@@ -232,4 +232,4 @@ def test_make_serve_scores_an_image_like_the_submission(study, champion, submiss
     submitted = pd.read_csv(submission["out"]).set_index("ImageID").loc[row["image_id"]]
     expected = [submitted[ORGANISER_SPELLING[name] if ORGANISER_SPELLING[name] in submitted else
                           ORGANISER_SPELLING[name].replace(" ", "_").title()] for name in TASK1_LABELS]  # fmt: skip
-    np.testing.assert_allclose(probs, expected, atol=1e-6)  # the file rounds to 6 decimals
+    np.testing.assert_allclose(probs, expected, atol=1e-6)  # the server answers in JSON, the file at full precision

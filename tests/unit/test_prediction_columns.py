@@ -21,10 +21,10 @@ TRUTH = pd.DataFrame({"image_id": IDS[::-1], **{name: [1.0, 0.0, np.nan] for nam
 
 
 def test_the_written_submission_is_scored_as_written(tmp_path):
-    """make submit's file (ImageID, the organisers' lower-case names) is what make score reads: no renaming."""
+    """make submit's file (ImageID, the organisers' spelling) is what make score reads: no renaming."""
     path = tmp_path / "submission.csv"
     build_submission(Template.default(LABELS, IDS), IDS, PROBS, LABELS).to_csv(path, index=False)
-    assert path.read_text().splitlines()[0] == "ImageID,pleural effusion,cardiomegaly,support devices"
+    assert path.read_text().splitlines()[0] == "ImageID,pleural effusion,cardiomegaly,Support Devices"
     targets, probs = align_predictions(read_predictions(path), TRUTH, LABELS, source=str(path))
     np.testing.assert_array_equal(probs, PROBS[::-1])  # the truth's row order, ids read as text ("000123")
     np.testing.assert_array_equal(targets, TRUTH[LABELS].fillna(-1).to_numpy())
@@ -38,7 +38,7 @@ def test_a_template_spelling_is_matched_by_the_same_rule_the_scorer_uses(tmp_pat
     np.testing.assert_array_equal(renamed[LABELS].to_numpy(), PROBS)
 
 
-@pytest.mark.parametrize("name", ["image_id", "ImageID", "Image ID", "IMAGE-ID"])
+@pytest.mark.parametrize("name", ["image_id", "ImageID", "Image ID", "IMAGE-ID", "dicom_id"])
 def test_every_spelling_of_the_id_column_is_found(name):
     assert id_column(["x", name, "Mass"]) == name
 
