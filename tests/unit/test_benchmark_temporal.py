@@ -1,6 +1,7 @@
 """The grounding (NIH boxes) and progression (CheXTemporal-style pairs) protocols as plug-ins: draws, floors with
 known answers, every pair scored (fitted methods out-of-fold over patient-disjoint folds) beside the majority floor,
-change-worded grounding prompts, and grounding through the command line into MLflow."""
+disease-name grounding prompts, the pointing game's tolerance and flat-map rule as settings, and grounding through
+the command line into MLflow."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import yaml
 from mlflow import MlflowClient
 
 import apps.benchmarks.chextemporal as chextemporal
+import apps.benchmarks.framework.grounding as grounding
 from apps.benchmarks import cli
 from apps.benchmarks.chextemporal import ChexTemporalProtocol
 from apps.benchmarks.chextemporal.progression import out_of_fold
 from apps.benchmarks.framework.catalog import CONFIG_DIR, load_protocol
-from apps.benchmarks.framework.grounding import score_heatmaps
+from apps.benchmarks.framework.grounding import hit_region, score_heatmaps
 from apps.benchmarks.framework.protocol import BadInput
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from tests.benchmark_data import write_tiny_clip
@@ -149,7 +151,10 @@ def test_progression_methods_beside_the_out_of_fold_majority_floor(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [({"folds": 1}, "folds must be a whole number >= 2"), ({"prompt_rule": "median"}, "prompt_rule must be one of max, mean"),
-     ({"grounding_prompts": {"worse": "worse"}}, "grounding_prompts of ['worse'] need {finding} exactly once")],
+     ({"grounding_prompt": "a chest x-ray"}, "grounding_prompt 'a chest x-ray' needs {finding} exactly once"),
+     ({"tolerance": -1}, "tolerance is a distance in pixels of the boxes' frame, 0 or more; got -1"),
+     ({"tolerance": "15"}, "tolerance is a distance in pixels of the boxes' frame, 0 or more; got '15'"),
+     ({"flat_maps": "half"}, "flat_maps must be one of miss, share, got 'half'")],
 )  # fmt: skip
 def test_bad_progression_settings_are_named(change, message):
     settings = yaml.safe_load((CONFIG_DIR / "chextemporal.yaml").read_text())
@@ -194,29 +199,78 @@ def test_bad_release_boxes_are_named(tmp_path, change, message):
     assert "chextemporal_boxes.csv line 2" in str(error.value)
 
 
-def test_release_grounding_per_finding_and_source_beside_the_floors(tmp_path, monkeypatch):
+def chextemporal_with(tmp_path, **changes):
+    """The shipped CheXTemporal protocol with ``changes`` to its YAML's top-level settings."""
+    settings = yaml.safe_load((CONFIG_DIR / "chextemporal.yaml").read_text())
+    settings.pop("_target_")
+    return ChexTemporalProtocol(**{**settings, **changes})
+
+
+def test_release_grounding_prompts_single_image_models_with_the_disease_name_beside_the_floors(tmp_path, monkeypatch):
     write_release_pairs(tmp_path, patients=40)
-    prompts = {}
+    prompts, settings = {}, []
 
     def recording(encoder, root, paths, boxes, findings, seed, *args, **kwargs):
         prompt = encoder.targets[encoder.column("Pleural Effusion")].positive_prompt
         prompts.update({path: prompt for path in paths})
+        settings.append((kwargs["tolerance"], kwargs["flat_maps"]))
         return score_heatmaps(encoder, root, paths, boxes, findings, seed, *args, **kwargs)
 
     monkeypatch.setattr(chextemporal, "score_heatmaps", recording)
     result = run(load_protocol("chextemporal"), tmp_path, write_tiny_clip(tmp_path / "clip"))
-    # every film is grounded with its pair's change in words, both films of a pair alike
-    wording = {"new": "new pleural effusion", "worse": "pleural effusion is worse",
-               "stable": "pleural effusion is stable", "improved": "pleural effusion is improved",
-               "resolved": "pleural effusion has resolved"}  # fmt: skip
-    pairs = result.draw.test.table
-    expected = {row[column]: wording[row["progression"]] for _, row in pairs.iterrows()
-                for column in ("prior_path", "path") if row[column] in prompts}  # fmt: skip
-    assert prompts == expected and len(prompts) == 64  # 40 pairs: 8 new + 8 resolved with one film, 24 with two
+    # every film is grounded with the disease name, whatever its pair's change: each map is of one film
+    assert set(prompts.values()) == {"pleural effusion"} and len(prompts) == 64  # 8 new + 8 resolved one film each
+    assert settings == [(15.0, "miss")]  # one pass, TorchRay's 15 px, flat maps no credit
     assert result.encoder.targets[0].positive_prompt == "a chest x-ray showing atelectasis"  # the model is unchanged
     table = result.extras.tables["grounding"].set_index(["method", "metric", "group"])
     assert table.loc[("centre", "pg", "overall"), "value"] == 1.0  # every box is centred
     assert {"Pleural Effusion", "source A", "source B"} <= set(table.index.get_level_values("group"))
     films = sum(len({b.image for b in boxes}) for boxes in result.draw.test.targets.boxes)
-    assert "**Grounding** (" + str(films) + " films with boxes" in "\n".join(result.extras.sections)
+    section = next(s for s in result.extras.sections if s.startswith("**Grounding**"))
+    assert section.startswith(
+        f"**Grounding** ({films} films with boxes of their pair's finding; pointing game: a hit within 15 px of a box "
+        "in the boxes' frame (TorchRay's default), a flat map points nowhere and scores 0 (the platform's rule); "
+        "prompts: the disease name (the paper's rule for single-image models); 95% CI"
+    )
+    assert "e.g. 'pleural effusion'" in section
     assert result.extras.metrics["grounding/centre/pg/overall"] == 1.0
+    assert result.params["pointing_tolerance"] == 15.0 and result.params["flat_maps"] == "miss"
+
+
+def shift_boxes(root, corner: int) -> None:
+    """Move every box of the release so its top-left corner is at ``(corner, corner)`` of the 1024 frame."""
+    boxes = pd.read_csv(root / "chextemporal_boxes.csv", dtype=str, keep_default_na=False)
+    boxes["x"] = boxes["y"] = str(corner)
+    boxes.to_csv(root / "chextemporal_boxes.csv", index=False)
+
+
+def test_the_pointing_tolerance_is_a_setting_that_moves_the_score(tmp_path):
+    write_release_pairs(tmp_path, patients=10)
+    # At 32 px a heatmap pixel spans 32 px of the 1024 frame. The box's pixels start at (17, 17); the centre
+    # prior's first maximum is (15, 15), 2 pixels away on each axis: sqrt(2) * 64 = 90.5 frame px from the box.
+    shift_boxes(tmp_path, 544)
+    clip = write_tiny_clip(tmp_path / "clip")
+    pg = {}
+    for tolerance in (15, 100):
+        result = run(chextemporal_with(tmp_path, tolerance=tolerance, folds=2), tmp_path, clip, n_boot=0)
+        pg[tolerance] = result.extras.metrics["grounding/centre/pg/overall"]
+        section = next(s for s in result.extras.sections if s.startswith("**Grounding**"))
+        assert f"a hit within {tolerance} px of a box" in section
+    assert pg == {15: 0.0, 100: 1.0}
+
+
+def test_a_flat_map_earns_no_pointing_credit_unless_the_share_rule_is_chosen(tmp_path, monkeypatch):
+    write_release_pairs(tmp_path, patients=10)
+    monkeypatch.setattr(grounding, "heatmaps", lambda encoder, images, findings: np.ones(
+        (len(images), len(findings), encoder.image_size, encoder.image_size), np.float32))  # fmt: skip
+    clip = write_tiny_clip(tmp_path / "clip")
+    result = run(chextemporal_with(tmp_path, folds=2), tmp_path, clip, n_boot=0)
+    boxes = [b for pair in result.draw.test.targets.boxes for b in pair]
+    assert result.extras.metrics["grounding/model/pg/overall"] == 0.0
+    assert result.extras.metrics["grounding/centre/pg/overall"] == 1.0  # a map that points still scores
+    section = next(s for s in result.extras.sections if s.startswith("**Grounding**"))
+    assert f"{len(boxes)} of {len(boxes)} model heatmaps are flat (no pixel stands out): each scores 0 in" in section
+    shared = run(chextemporal_with(tmp_path, flat_maps="share", folds=2), tmp_path, clip, n_boot=0)
+    share = hit_region([boxes[0]], 32, 15).mean()  # every box is the same centred box: one share for every film
+    assert 0 < share < 1 and shared.extras.metrics["grounding/model/pg/overall"] == pytest.approx(share)
+    assert "a flat map scores the share of pixels that would be hits" in "\n".join(shared.extras.sections)

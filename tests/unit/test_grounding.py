@@ -1,5 +1,5 @@
-"""Pointing game (TorchRay's convention: first maximum, 15-px tolerance in the boxes' frame) and signed CNR on
-hand-made heatmaps and boxes whose answers are known, and boxes moved between frames."""
+"""Pointing game (TorchRay's convention: first maximum, 15-px tolerance in the boxes' frame; the platform's rules for
+flat maps) and signed CNR on hand-made heatmaps and boxes whose answers are known, and boxes moved between frames."""
 
 from __future__ import annotations
 
@@ -39,10 +39,16 @@ def test_pointing_game_hits_misses_and_a_flat_map():
     assert pointing_game(heat, mask) == 1.0
     heat[3, 3] = 6.0
     assert pointing_game(heat, mask) == 0.0
-    assert pointing_game(np.ones((4, 4)), mask) == 0.25  # a flat map points nowhere: the share of hit pixels
+    assert pointing_game(np.ones((4, 4)), mask) == 0.25  # share: the hit rate of a point drawn at random
+    assert pointing_game(np.ones((4, 4)), mask, "miss") == 0.0  # miss: a map that points nowhere earns nothing
+    assert pointing_game(np.ones((4, 4)), np.ones((4, 4), bool), "miss") == 0.0  # even on a box that fills the film
     flat_with_a_hole = np.ones((4, 4))
     flat_with_a_hole[3, 3] = np.nan
     assert pointing_game(flat_with_a_hole, mask) == pytest.approx(4 / 15)  # a non-finite pixel is not a candidate
+    assert pointing_game(flat_with_a_hole, mask, "miss") == 0.0
+    assert pointing_game(heat, mask, "miss") == pointing_game(heat, mask) == 0.0  # a map with a peak: rule unused
+    with pytest.raises(ValueError, match="flat_maps must be one of miss, share"):
+        pointing_game(heat, mask, "half")
     assert np.isnan(pointing_game(heat, np.zeros((4, 4), bool)))
     assert np.isnan(pointing_game(np.full((4, 4), np.nan), mask))
 
@@ -100,11 +106,16 @@ def test_a_zero_tolerance_is_the_box_itself_and_a_negative_one_is_refused():
         hit_region([box], 4, tolerance=-1)
 
 
-def test_a_flat_map_scores_the_share_of_the_grown_box():
+def test_a_flat_map_scores_the_share_of_the_grown_box_or_nothing():
     box = Box("A", x=20, y=20, w=10, h=10, frame_width=64, frame_height=64)
     region = hit_region([box], 64)
     assert pointing_game(np.zeros((64, 64)), region) == pytest.approx(region.mean())
     assert region.mean() > box_mask([box], 64).mean()
+    flat = np.zeros((2, 1, 64, 64))
+    flat[1, 0, 30, 30] = 1.0  # the second map peaks inside the box
+    scores = grounding_scores(flat, [[box], [box]], ["A"], flat_maps="miss")
+    assert scores[:, 0, 0].tolist() == [0.0, 1.0]
+    assert grounding_scores(flat, [[box], [box]], ["A"])[0, 0, 0] == pytest.approx(region.mean())
 
 
 def test_cnr_by_hand_signed_and_invariant_to_a_positive_affine_rescaling():

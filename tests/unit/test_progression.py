@@ -1,6 +1,6 @@
 """Progression between two films (apps.benchmarks.chextemporal.progression): the prompt bank, zero-shot on the change of
-the embeddings (best prompt vs averaged prompts), change-worded grounding prompts, the classifier rule and its
-fitting, the trained pair head, out-of-fold prediction, and the metrics against sklearn."""
+the embeddings (best prompt vs averaged prompts), the classifier rule and its fitting, the trained pair head,
+out-of-fold prediction, and the metrics against sklearn."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from apps.benchmarks.chextemporal.progression import (
     confusion,
     fit_progression_head,
     fit_rule,
-    grounding_prompt,
     load_prompt_bank,
     majority_floor,
     out_of_fold,
@@ -186,19 +185,6 @@ def test_the_protocol_defaults_to_the_best_prompt():
     from apps.benchmarks.framework.catalog import load_protocol
 
     assert load_protocol("chextemporal").prompt_rule == "max"
-
-
-def test_grounding_prompts_are_worded_with_the_change():
-    from apps.benchmarks.framework.catalog import load_protocol
-
-    templates = load_protocol("chextemporal").grounding_prompts
-    assert grounding_prompt("Pleural Effusion", "worse", templates) == "pleural effusion is worse"
-    assert grounding_prompt("Consolidation", "new", templates) == "new consolidation"
-    assert grounding_prompt("Edema", "resolved", templates) == "edema has resolved"
-    with pytest.raises(KeyError, match="no grounding prompt for class 'gone'"):
-        grounding_prompt("Edema", "gone", templates)
-    with pytest.raises(ValueError, match="exactly once"):
-        grounding_prompt("Edema", "new", {"new": "new finding"})
 
 
 # ------------------------------------------------------------------------------------------------ rule

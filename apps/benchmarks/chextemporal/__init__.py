@@ -19,13 +19,16 @@
   per-finding scores of the two films with thresholds fitted on the other folds; a progression head trained on
   the other folds' frozen embeddings; and the other folds' majority class as the floor.
 - Metrics: accuracy, macro-F1, accuracy per class and per finding, with 1,000 resamples of pairs; confusion
-  matrices as artifacts. Grounding on the release's boxes with prompts worded with the pair's change.
+  matrices as artifacts. Grounding on the release's boxes: every heatmap the platform makes is of one film, so
+  an image-text model grounds the disease name, the paper's rule for single-image models; the pointing game's
+  tolerance and its rule for flat maps are settings, stated in the report.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,6 @@ from apps.benchmarks.chextemporal.progression import (
     confusion,
     fit_progression_head,
     fit_rule,
-    grounding_prompt,
     load_prompt_bank,
     majority_floor,
     out_of_fold,
@@ -62,7 +64,14 @@ from apps.benchmarks.chextemporal.progression import (
 )
 from apps.benchmarks.framework.boxes import PAIR_IMAGES, read_pair_boxes
 from apps.benchmarks.framework.encoders import Encoder, Target
-from apps.benchmarks.framework.grounding import GroundedScores, grounding_table, overlay_figure, score_heatmaps
+from apps.benchmarks.framework.grounding import (
+    FLAT_MAPS,
+    POINTING_TOLERANCE,
+    GroundedScores,
+    grounding_table,
+    overlay_figure,
+    score_heatmaps,
+)
 from apps.benchmarks.framework.markdown import frame_markdown
 from apps.benchmarks.framework.memo import memo_arrays
 from apps.benchmarks.framework.probe import MAX_ITER, C
@@ -97,8 +106,12 @@ class ChexTemporalProtocol(Protocol):
         prompt_bank: the progression prompt bank (``configs/text/progression.yaml``).
         prompt_rule: how a class's prompts become one zero-shot score: ``max`` (its best prompt) or ``mean`` (its
             averaged prompt embedding); :data:`~apps.benchmarks.chextemporal.progression.PROMPT_RULES`.
-        grounding_prompts: class -> the template a film of such a pair is grounded with (``{finding} is worse``);
-            ``None``: the finding's own prompt from ``prompts``.
+        grounding_prompt: the template an image-text model's heatmap of one film is made for, ``{finding}`` the
+            finding in lower case; ``"{finding}"``, the disease name, is the paper's rule for single-image models.
+        tolerance: the pointing game's margin in pixels of the boxes' 1024-px frame (TorchRay's default 15; 0: the
+            peak must lie in a box).
+        flat_maps: the pointing game's rule for a flat map,
+            :data:`~apps.benchmarks.framework.grounding.FLAT_MAPS` (``miss``: no credit).
     """
 
     methods = {"zero_shot": "Zero-shot (prompt bank)", "rule": "Rule (out-of-fold)",
@@ -108,20 +121,27 @@ class ChexTemporalProtocol(Protocol):
     def __init__(self, name: str, description: str, seed: int, versions: Mapping[str, Any],
                  prompts: Mapping[str, str], negative_prompt: str, folds: int, release: Mapping[str, str],
                  nih_labels: str, covid: Mapping[str, Any], prompt_bank: str, prompt_rule: str = "max",
-                 grounding_prompts: Mapping[str, str] | None = None, bootstrap: str = "plain"):  # fmt: skip
+                 grounding_prompt: str = PLACEHOLDER, tolerance: float = POINTING_TOLERANCE, flat_maps: str = "miss",
+                 bootstrap: str = "plain"):  # fmt: skip
         super().__init__(name, description, seed, versions, bootstrap)
         if tuple(prompts) != CHEXTEMPORAL_FINDINGS:
             raise ValueError(f"benchmark {name}: prompts must list the 11 findings in order: {CHEXTEMPORAL_FINDINGS}")
         if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
             raise ValueError(f"benchmark {name}: folds must be a whole number >= 2, got {folds!r}")
-        bad = [c for c, t in (grounding_prompts or {}).items() if str(t).count(PLACEHOLDER) != 1]
-        if bad:
-            raise ValueError(f"benchmark {name}: grounding_prompts of {bad} need {PLACEHOLDER} exactly once")
+        if str(grounding_prompt).count(PLACEHOLDER) != 1:
+            raise ValueError(
+                f"benchmark {name}: grounding_prompt {grounding_prompt!r} needs {PLACEHOLDER} exactly once"
+            )
+        if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf:
+            raise ValueError(f"benchmark {name}: tolerance is a distance in pixels of the boxes' frame, 0 or more; "
+                             f"got {tolerance!r}")  # fmt: skip
+        if flat_maps not in FLAT_MAPS:
+            raise ValueError(f"benchmark {name}: flat_maps must be one of {', '.join(FLAT_MAPS)}, got {flat_maps!r}")
         prompt_scorer(prompt_rule)  # refuse an unknown rule now, not after the images are encoded
         self._targets = tuple(Target(f, p, negative_prompt, outputs=CHEXPERT_OUTPUTS[f][0]) for f, p in prompts.items())
         self.folds, self.release, self.nih_labels = int(folds), dict(release), nih_labels
         self.covid, self.prompt_bank, self.prompt_rule = dict(covid), prompt_bank, prompt_rule
-        self.grounding_prompts = None if grounding_prompts is None else dict(grounding_prompts)
+        self.grounding_prompt, self.tolerance, self.flat_maps = str(grounding_prompt), float(tolerance), flat_maps
         self.classes: tuple[str, ...] = PROGRESSION
         self.findings: tuple[str, ...] = ()
         self.source = ""
@@ -243,7 +263,8 @@ class ChexTemporalProtocol(Protocol):
         notes.append(f"pairs scored per method, of {len(test)}: "
                      + ", ".join(f"{m} {n if n else 'n/a'}" for m, n in scored.items()))  # fmt: skip
         params = {"prompt_rule": self.prompt_rule, **{f"scored_{m}": n for m, n in scored.items()},
-                  "grounding_prompts": "finding" if self.grounding_prompts is None else "progression"}  # fmt: skip
+                  "grounding_prompt": self.grounding_prompt, "pointing_tolerance": self.tolerance,
+                  "flat_maps": self.flat_maps}  # fmt: skip
         return Outcome(methods, scores_table, notes, params)
 
     def zero_shot(self, test: Subset, encoder: Encoder, features: Features, notes: list[str]) -> np.ndarray | None:
@@ -351,10 +372,10 @@ class ChexTemporalProtocol(Protocol):
 
     def ground(self, draw: Draw, n_boot: int, extras: Extras) -> None:
         """Grounding on the pairs' boxes: every film of a pair that has boxes of the pair's finding is one
-        instance, its heatmap made for the pair's change (:meth:`grounded`); pointing game and CNR of the model and
-        the floors, overall, per finding and per source, with resamples of instances."""
+        instance, its heatmap made for the finding's name (:meth:`grounded`); pointing game and CNR of the model
+        and the floors, overall, per finding and per source, with resamples of instances."""
         test = draw.test
-        paths, boxes, findings, sources, changes = [], [], [], [], []
+        paths, boxes, findings, sources = [], [], [], []
         for i, its_boxes in enumerate(test.targets.boxes):
             for column in ("prior_path", "path"):
                 on_film = tuple(b for b in its_boxes if b.image == column)
@@ -363,18 +384,24 @@ class ChexTemporalProtocol(Protocol):
                     boxes.append(on_film)
                     findings.append(test.table["finding"].iloc[i])
                     sources.append(str(test.table["source"].iloc[i]))
-                    changes.append(str(test.table["progression"].iloc[i]))
         if not paths:
             return
-        grounded = self.grounded(paths, boxes, np.asarray(changes))
+        grounded = self.grounded(paths, boxes)
         groups = {"overall": np.ones(len(paths), bool)}
         groups.update({f: np.asarray(findings) == f for f in dict.fromkeys(findings)})
         groups.update({f"source {s}": np.asarray(sources) == s for s in dict.fromkeys(sources)})
         table = grounding_table(grounded.methods, groups, n_boot, self.seed)
         extras.tables["grounding"] = table
         extras.metrics.update({f"grounding/{r.method}/{r.metric}/{r.group}": r.value for r in table.itertuples()})
-        extras.sections.append(f"**Grounding** ({len(paths)} films with boxes of their pair's finding; 95% CI over "
-                               f"resampled films)\n\n" + frame_markdown(table) + "\n\n"
+        source = (
+            "TorchRay's default"
+            if self.tolerance == POINTING_TOLERANCE
+            else f"TorchRay's default is {POINTING_TOLERANCE:g}"
+        )
+        rules = (f"pointing game: a hit within {self.tolerance:g} px of a box in the boxes' frame ({source}), "
+                 f"{FLAT_MAPS[self.flat_maps]} (the platform's rule); {self.prompt_rule_text()}")  # fmt: skip
+        extras.sections.append(f"**Grounding** ({len(paths)} films with boxes of their pair's finding; {rules}; 95% "
+                               f"CI over resampled films)\n\n" + frame_markdown(table) + "\n\n"
                                + "\n".join(f"- {note}" for note in grounded.notes))  # fmt: skip
         for finding, shown in grounded.examples.items():
             if shown:
@@ -382,47 +409,30 @@ class ChexTemporalProtocol(Protocol):
                 extras.figures[f"overlays_{finding.lower().replace(' ', '_')}"] = overlay_figure(
                     images, maps, its_boxes, [f"{finding}: {t}" for t in titles])  # fmt: skip
 
-    def worded(self, encoder: Encoder, change: str) -> Encoder:
-        """A view of ``encoder`` whose findings' prompts are worded with ``change`` (``pleural effusion is
-        worse``); the model itself is shared. Only prompt-reading heatmaps (image-text models) see the wording."""
-        view = copy.copy(encoder)
-        view.targets = tuple(dataclasses.replace(t, positive_prompt=grounding_prompt(t.label, change, self.grounding_prompts))
-                             for t in encoder.targets)  # fmt: skip
-        return view
+    def prompt_rule_text(self) -> str:
+        """How the report states the grounding prompt, and whether it is the paper's rule."""
+        if self.grounding_prompt == PLACEHOLDER:
+            return "prompts: the disease name (the paper's rule for single-image models)"
+        return f"prompts: '{self.grounding_prompt}' (the paper prompts single-image models with the disease name)"
 
-    def grounded(self, paths: list[str], boxes: list[tuple[Box, ...]], changes: np.ndarray) -> GroundedScores:
-        """:func:`score_heatmaps` on the films of each change class with that class's grounding prompts (one pass
-        with the findings' own prompts when ``grounding_prompts`` is ``None``), put back in film order.
+    def disease_name_prompt(self, finding: str) -> str:
+        """The text a single-image heatmap of ``finding`` is made for: :attr:`grounding_prompt` with the finding in
+        lower case (``"{finding}"`` -> ``"pleural effusion"``)."""
+        return self.grounding_prompt.replace(PLACEHOLDER, finding.lower())
 
-        Every pass seeds its random floor alike: a noise map is drawn without looking at a film, so reusing one
-        on a film of another class leaves each film's floor score a fair draw, and the report states one seed.
+    def grounded(self, paths: list[str], boxes: list[tuple[Box, ...]]) -> GroundedScores:
+        """:func:`score_heatmaps` on the films, an image-text model's findings prompted with their names.
+
+        A patch-text map is made from one film, so the model grounding it is a single-image model, which the paper
+        prompts with the disease name. The view of the encoder shares the model itself; only its prompts differ,
+        and a classifier's Grad-CAM reads none.
         """
-        if self.grounding_prompts is None:
-            passes = [(None, np.arange(len(paths)))]
-        else:
-            passes = [(c, np.flatnonzero(changes == c)) for c in self.classes if (changes == c).any()]
-        methods: dict[str, np.ndarray | None] = {}
-        flat, examples, per_pass = 0, {}, []
-        for change, rows in passes:
-            encoder = self.encoder if change is None else self.worded(self.encoder, change)
-            part = score_heatmaps(encoder, self.root, [paths[i] for i in rows], [boxes[i] for i in rows],
-                                  self.findings, self.seed)  # fmt: skip
-            for method, values in part.methods.items():  # every pass has the same model: maps in all or none
-                if values is None:
-                    methods[method] = None
-                elif methods.get(method, ...) is not None:
-                    methods.setdefault(method, np.full((len(paths), *values.shape[1:]), np.nan))[rows] = values
-            flat += part.flat
-            for finding, shown in part.examples.items():
-                examples.setdefault(finding, []).extend(shown[: max(0, 3 - len(examples.get(finding, [])))])
-            per_pass.append((change, part.notes))
-        shared = [n for n in per_pass[0][1] if all(n in its for _, its in per_pass)]
-        notes = shared + [f"{change} pairs: {n}" for change, its in per_pass for n in its if n not in shared]
-        if self.grounding_prompts is None:
-            notes.append("grounding prompts: the finding's own prompt (`prompts`)")
-        else:
-            shown = "; ".join(f"{c}: '{grounding_prompt(self.findings[0], c, self.grounding_prompts)}'"
-                              for c, _ in passes)  # fmt: skip
-            notes.append(f"grounding prompts worded with the pair's change (`grounding_prompts`; {shown}); a "
-                         "classifier's Grad-CAM reads no text and is the same for every change")  # fmt: skip
-        return GroundedScores(methods, flat, examples, notes)
+        view = copy.copy(self.encoder)
+        view.targets = tuple(dataclasses.replace(t, positive_prompt=self.disease_name_prompt(t.label))
+                             for t in self.encoder.targets)  # fmt: skip
+        grounded = score_heatmaps(view, self.root, paths, boxes, self.findings, self.seed, tolerance=self.tolerance,
+                                  flat_maps=self.flat_maps)  # fmt: skip
+        shown = f"'{self.disease_name_prompt(self.findings[0])}'" if self.findings else "none"
+        notes = [*grounded.notes, f"grounding {self.prompt_rule_text()} (`grounding_prompt: {self.grounding_prompt}`, "
+                 f"e.g. {shown}); every heatmap here is of one film; a classifier's Grad-CAM reads no text"]  # fmt: skip
+        return dataclasses.replace(grounded, notes=notes)

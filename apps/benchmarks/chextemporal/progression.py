@@ -223,22 +223,6 @@ def zero_shot_from_text(
     return zero_shot_scores(prior_emb, current_emb, per_class, rule)
 
 
-def grounding_prompt(finding: str, progression: str, templates: Mapping[str, str]) -> str:
-    """The sentence a film of a ``progression`` pair is grounded with: the class's template with ``finding`` in
-    lower case (``{finding} is worse`` -> ``pleural effusion is worse``).
-
-    Worded with the change, as CheXTemporal's grounding prompts are, because the boxes mark the finding as it
-    changed (a new consolidation, a shrinking effusion), not any instance of it.
-    """
-    if progression not in templates:
-        raise KeyError(f"no grounding prompt for class {progression!r}; add it under `grounding_prompts:` "
-                       f"(known: {', '.join(templates)})")  # fmt: skip
-    template = str(templates[progression])
-    if template.count(PLACEHOLDER) != 1:
-        raise ValueError(f"grounding prompt {template!r} of class {progression!r} needs {PLACEHOLDER} exactly once")
-    return template.replace(PLACEHOLDER, finding.lower())
-
-
 def clip_text_embedder(encoder: ClipEncoder) -> Callable[[list[str]], np.ndarray]:
     """The text tower of a loaded :class:`~apps.benchmarks.framework.clip_models.ClipEncoder` as ``embed_texts``,
     so the progression prompts meet the same model (and the same tokenizer) that embedded the images."""

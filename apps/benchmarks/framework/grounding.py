@@ -11,7 +11,10 @@ boxes were moved to (the image as the model saw it):
   same margin whatever size a model sees it at. Distances run between pixel centres (the peak's and the box
   pixels'), as TorchRay's do between pixel indices. **Tied maxima**: the point is the first maximum in row-major
   order, the one ``torch.argmax`` (TorchRay) and ``np.argmax`` return. **Flat maps** (every pixel tied) point
-  nowhere: they score the share of pixels that would be hits, the expected score of a point drawn at random.
+  nowhere, and TorchRay has no rule for them (its caller's argmax would point at the top-left pixel), so the
+  rule is the platform's and each protocol names it (:data:`FLAT_MAPS`): ``miss`` scores 0, so a map that shows
+  nothing earns nothing; ``share`` scores the share of pixels that would be hits, the expected score of a point
+  drawn at random.
 - **Contrast-to-noise ratio** (CNR, as in BioViL's grounding evaluation): ``(mean_in - mean_out) /
   sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes, population variances.
   The difference is *signed*, as in AFLoc's evaluation code: a map that is dimmer on the box than around it (an
@@ -55,6 +58,12 @@ Example = tuple[np.ndarray, np.ndarray, tuple[Box, ...], str]
 POINTING_TOLERANCE = 15.0
 """TorchRay's pointing-game tolerance, in pixels of the frame the boxes were drawn in."""
 
+FLAT_MAPS = {
+    "miss": "a flat map points nowhere and scores 0",
+    "share": "a flat map scores the share of pixels that would be hits (a point drawn at random)",
+}
+"""The pointing game's rule for a flat map (the platform's; TorchRay has none) -> how the report states it."""
+
 
 def box_mask(boxes: Sequence[Box], size: int) -> np.ndarray:
     """``(size, size)`` bool mask of the union of ``boxes`` moved to a ``size`` x ``size`` frame.
@@ -92,19 +101,21 @@ def hit_region(boxes: Sequence[Box], size: int, tolerance: float = POINTING_TOLE
     return region
 
 
-def pointing_game(heatmap: np.ndarray, region: np.ndarray) -> float:
-    """1 when the heatmap's first maximum (row-major order, as ``torch.argmax``) lies in ``region``, else 0; for a
-    flat map the share of ``region`` among its pixels. NaN for an empty region or a heatmap without a finite value.
+def pointing_game(heatmap: np.ndarray, region: np.ndarray, flat_maps: str = "share") -> float:
+    """1 when the heatmap's first maximum (row-major order, as ``torch.argmax``) lies in ``region``, else 0; a flat
+    map scores by ``flat_maps`` (:data:`FLAT_MAPS`). NaN for an empty region or a heatmap without a finite value.
 
     ``region`` is what counts as a hit: :func:`hit_region` for TorchRay's tolerance, :func:`box_mask` for none.
     Non-finite pixels never count as the maximum.
     """
+    if flat_maps not in FLAT_MAPS:
+        raise ValueError(f"flat_maps must be one of {', '.join(FLAT_MAPS)}, got {flat_maps!r}")
     values = np.asarray(heatmap, dtype=np.float64)
     finite = np.isfinite(values)
     if not region.any() or not finite.any():
         return float("nan")
-    if values[finite].min() == values[finite].max():
-        return float(region[finite].mean())  # no pixel stands out: the hit rate of a point drawn at random
+    if values[finite].min() == values[finite].max():  # no pixel stands out
+        return 0.0 if flat_maps == "miss" else float(region[finite].mean())
     peak = np.argmax(np.where(finite, values, -np.inf))  # the first maximum, row-major
     return float(region.flat[peak])
 
@@ -124,7 +135,7 @@ def cnr(heatmap: np.ndarray, mask: np.ndarray) -> float:
 
 
 def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findings: Sequence[str],
-                     tolerance: float = POINTING_TOLERANCE) -> np.ndarray:  # fmt: skip
+                     tolerance: float = POINTING_TOLERANCE, flat_maps: str = "share") -> np.ndarray:  # fmt: skip
     """``(N, K, 2)``: per image and finding, (pointing game, CNR); NaN where the image has no box of the finding.
 
     Args:
@@ -132,8 +143,9 @@ def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findi
         boxes: per image, its reference boxes (any frame; each carries its own).
         findings: the ``K`` findings, in the heatmaps' order.
         tolerance: the pointing game's margin, in pixels of each box's frame (0: the peak must lie in a box).
+        flat_maps: the pointing game's rule for a flat map (:data:`FLAT_MAPS`).
     """
-    return _scores(heatmaps, _references(boxes, findings, heatmaps.shape[-1], tolerance))
+    return _scores(heatmaps, _references(boxes, findings, heatmaps.shape[-1], tolerance), flat_maps)
 
 
 _Reference = tuple[int, int, np.ndarray, np.ndarray]
@@ -153,10 +165,10 @@ def _references(
     return out
 
 
-def _scores(heatmaps: np.ndarray, references: Sequence[_Reference]) -> np.ndarray:
+def _scores(heatmaps: np.ndarray, references: Sequence[_Reference], flat_maps: str) -> np.ndarray:
     out = np.full((heatmaps.shape[0], heatmaps.shape[1], 2), np.nan)
     for i, j, mask, region in references:
-        out[i, j] = pointing_game(heatmaps[i, j], region), cnr(heatmaps[i, j], mask)
+        out[i, j] = pointing_game(heatmaps[i, j], region, flat_maps), cnr(heatmaps[i, j], mask)
     return out
 
 
@@ -213,19 +225,20 @@ HEATMAP_CACHE_VERSION = 1
 
 
 def heatmap_key(encoder: Encoder, paths: Sequence[str], boxes: Sequence[Sequence[Box]], findings: Sequence[str],
-                seed: int, batch_size: int, examples: int, tolerance: float) -> str:  # fmt: skip
+                seed: int, batch_size: int, examples: int, tolerance: float, flat_maps: str) -> str:  # fmt: skip
     """The cache entry name of :func:`score_heatmaps`' result: the model (its identity covers the weights and the
     outputs each finding maps to), the targets' prompts, the input size and resize, the films and their boxes, and
     every argument that changes a score (the random floor's seeds follow the batches)."""
     parts = [HEATMAP_CACHE_VERSION, encoder.identity, targets_key(encoder.targets), encoder.image_size,
              encoder.resize, list(paths), [[dataclasses.asdict(b) for b in film] for film in boxes], list(findings),
-             seed, batch_size, examples, tolerance]  # fmt: skip
+             seed, batch_size, examples, tolerance, flat_maps]  # fmt: skip
     return "heatmaps-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Sequence[Sequence[Box]],
                    findings: Sequence[str], seed: int, batch_size: int = 32, examples: int = 3,
-                   tolerance: float = POINTING_TOLERANCE, cache_dir: str | Path | None = None) -> GroundedScores:  # fmt: skip
+                   tolerance: float = POINTING_TOLERANCE, cache_dir: str | Path | None = None,
+                   flat_maps: str = "share") -> GroundedScores:  # fmt: skip
     """Grounding scores of the model's heatmaps and of both floors, at the model's input size.
 
     Args:
@@ -239,24 +252,28 @@ def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Se
         examples: overlay examples kept per finding (the first films that have a finite map of it and a box).
         tolerance: the pointing game's margin, in pixels of each box's frame (:func:`hit_region`).
         cache_dir: where the result is kept (:func:`heatmap_key`); ``None``: computed, never stored.
+        flat_maps: the pointing game's rule for a flat map (:data:`FLAT_MAPS`).
     """
+    if flat_maps not in FLAT_MAPS:
+        raise ValueError(f"flat_maps must be one of {', '.join(FLAT_MAPS)}, got {flat_maps!r}")
     path = None
     if cache_dir is not None:
         path = (
             Path(cache_dir)
-            / f"{heatmap_key(encoder, paths, boxes, findings, seed, batch_size, examples, tolerance)}.npz"
+            / f"{heatmap_key(encoder, paths, boxes, findings, seed, batch_size, examples, tolerance, flat_maps)}.npz"
         )
         if path.is_file():
-            return _with_notes(_read_scores(path, findings), encoder, boxes, findings, seed, tolerance)
-    grounded = _compute_scores(encoder, root, paths, boxes, findings, seed, batch_size, examples, tolerance)
+            return _with_notes(_read_scores(path, findings), encoder, boxes, findings, seed, tolerance, flat_maps)
+    grounded = _compute_scores(encoder, root, paths, boxes, findings, seed, batch_size, examples, tolerance,
+                               flat_maps)  # fmt: skip
     if path is not None:
         _write_scores(path, grounded, findings)
-    return _with_notes(grounded, encoder, boxes, findings, seed, tolerance)
+    return _with_notes(grounded, encoder, boxes, findings, seed, tolerance, flat_maps)
 
 
 def _compute_scores(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Sequence[Sequence[Box]],
                     findings: Sequence[str], seed: int, batch_size: int, examples: int,
-                    tolerance: float) -> GroundedScores:  # fmt: skip
+                    tolerance: float, flat_maps: str) -> GroundedScores:  # fmt: skip
     size, k = encoder.image_size, len(findings)
     model = np.full((len(paths), k, 2), np.nan)
     centre, noise = np.full_like(model, np.nan), np.full_like(model, np.nan)
@@ -270,15 +287,15 @@ def _compute_scores(encoder: Encoder, root: Path, paths: Sequence[str], boxes: S
         maps = heatmaps(encoder, images, findings) if able else None
         able = maps is not None
         if able:
-            model[rows] = _scores(maps, references)
+            model[rows] = _scores(maps, references, flat_maps)
             for i, film in enumerate(its_boxes):
                 for j, finding in enumerate(findings):
                     mine = tuple(b for b in film if b.finding == finding)
                     flat += bool(mine) and np.ptp(maps[i, j]) == 0
                     if mine and len(shown[finding]) < examples and np.isfinite(maps[i, j]).any():
                         shown[finding].append((images[i], maps[i, j], mine, Path(paths[start + i]).stem))
-        centre[rows] = _scores(np.broadcast_to(prior, (len(images), k, size, size)), references)
-        noise[rows] = _scores(random_heatmaps(len(images), k, size, seed + start), references)
+        centre[rows] = _scores(np.broadcast_to(prior, (len(images), k, size, size)), references, flat_maps)
+        noise[rows] = _scores(random_heatmaps(len(images), k, size, seed + start), references, flat_maps)
     return GroundedScores({"model": model if able else None, "centre": centre, "random": noise}, flat, shown)
 
 
@@ -314,20 +331,22 @@ def _read_scores(path: Path, findings: Sequence[str]) -> GroundedScores:
 
 
 def _with_notes(grounded: GroundedScores, encoder: Encoder, boxes: Sequence[Sequence[Box]], findings: Sequence[str],
-                seed: int, tolerance: float) -> GroundedScores:  # fmt: skip
+                seed: int, tolerance: float, flat_maps: str) -> GroundedScores:  # fmt: skip
     """The report lines of a result, whether computed now or read back."""
     size, model = encoder.image_size, grounded.methods["model"]
     notes = [f"heatmaps at {size} px (the model's input size); floors: a centred Gaussian (sigma = size/4) and "
              f"uniform noise seeded with {seed} + batch start",
              f"pointing game: TorchRay's, the first maximum is a hit within {tolerance:g} px of a box in the boxes' "
-             f"frame ({tolerance * size / _frame(boxes):.2f} px at {size} px); CNR signed (below 0: the map is "
-             f"dimmer on the box than around it)"]  # fmt: skip
+             f"frame ({tolerance * size / _frame(boxes):.2f} px at {size} px); {FLAT_MAPS[flat_maps]} (the "
+             f"platform's rule, flat_maps: {flat_maps}); CNR signed (below 0: the map is dimmer on the box than "
+             f"around it)"]  # fmt: skip
     if model is not None:
         notes.append(f"model heatmaps: {heatmap_note(encoder)}")
         pairs = int(sum(any(b.finding == f for b in film) for film in boxes for f in findings))
         if grounded.flat:
-            notes.append(f"{grounded.flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores the "
-                         f"share of pixels that would be hits in the pointing game and 0 CNR")  # fmt: skip
+            scored = "0" if flat_maps == "miss" else "the share of pixels that would be hits"
+            notes.append(f"{grounded.flat} of {pairs} model heatmaps are flat (no pixel stands out): each scores "
+                         f"{scored} in the pointing game and 0 CNR")  # fmt: skip
         boxed = {b.finding for film in boxes for b in film}
         unscored = [f for j, f in enumerate(findings) if f in boxed and not np.isfinite(model[:, j]).any()]
         if unscored:
