@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from apps.benchmarks import cli
 from apps.benchmarks.framework.catalog import load_protocol
 from apps.benchmarks.framework.protocol import BadInput
+from apps.benchmarks.framework.report import render_report
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from apps.benchmarks.imageclef_captions.scoring import preprocess, rouge1_f
 from tests.benchmark_data import write_tiny_clip
@@ -61,7 +62,23 @@ def test_the_secondary_vocabulary_is_the_2024_tasks_by_default_and_a_wrong_name_
 
     assert load_protocol("imageclef-concepts").named == MANUAL_2024
     with pytest.raises(ValueError, match="secondary: no secondary vocabulary '1999'"):
-        ConceptProtocol("x", "x", 0, {"test": "test"}, {}, 10, "1999", "{name}", "image")
+        ConceptProtocol("x", "x", 0, {"rocov2-test": "test"}, {}, 10, "1999", "{name}", "image")
+
+
+@pytest.mark.parametrize("name", ["imageclef-concepts", "imageclef-captions"])
+def test_the_version_is_rocov2s_own_test_split_and_the_report_says_it_is_not_the_2024_test_set(tmp_path, name):
+    write_rocov2(tmp_path)
+    protocol = load_protocol(name)
+    assert protocol.versions == {"rocov2-test": "test", "rocov2-valid": "valid"}
+    result = run(name, tmp_path, write_tiny_clip(tmp_path / "clip"), n_boot=0)
+    report = render_report(result)
+    assert report.startswith(f"# Benchmark {name} (rocov2-test)\n")  # the default version, named for its images
+    assert ("- test: ROCOv2's own test split, not the ImageCLEFmedical 2024 test set (17,237 images): the 2024 "
+            "leaderboard's scores are on that set and not comparable with these; 12 ") in report  # fmt: skip
+    valid = draw_subsets(protocol, tmp_path, "rocov2-valid")
+    assert valid.version == "rocov2-valid" and valid.description[0].startswith("test: ROCOv2's own valid split, not")
+    with pytest.raises(BadInput, match=f"unknown version 'test' of benchmark {name}; choose one of rocov2-test, "):
+        draw_subsets(protocol, tmp_path, "test")
 
 
 def test_a_release_without_its_images_is_named(tmp_path):

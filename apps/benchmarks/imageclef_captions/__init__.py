@@ -1,6 +1,7 @@
 """ImageCLEFmedical 2024 caption prediction on ROCOv2 as a benchmark: how close is a caption to the reference?
 
-- Items: the images of one split of a ROCOv2 release (``test`` by default) with their reference captions; the
+- Items: the images of one split of a ROCOv2 release (version ``rocov2-test``, ROCOv2's own test split, by
+  default; not the ImageCLEFmedical 2024 test set, which the report says) with their reference captions; the
   training split's images and captions are the retrieval pool (``train_size`` of them, hash-drawn with the
   protocol's seed, so a pool fits on a CPU). File names in ``configs/benchmark/imageclef-captions.yaml``.
 - Methods: *nearest caption*: the caption of the most similar pool image by the model's embedding (the consensus
@@ -33,6 +34,10 @@ from apps.benchmarks.imageclef_captions.scoring import (
     read_captions,
 )
 
+OTHER_SET = ("ROCOv2's own {split} split, not the ImageCLEFmedical 2024 test set (17,237 images): the 2024 "
+             "leaderboard's scores are on that set and not comparable with these")  # fmt: skip
+"""The report's line on which images are scored, ``{split}`` the split: the one the 2024 task scored differs."""
+
 METRICS = {
     "bertscore": "BERTScore F1 (primary)",
     "rouge1": "ROUGE-1 F (secondary)",
@@ -52,7 +57,7 @@ class CaptionProtocol(Protocol):
 
     Args:
         name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`; a
-            version's value is the split scored.
+            version's value is the ROCOv2 split scored.
         layout: ``captions`` (with ``{split}``), ``images`` (with ``{split}``) and ``extension``.
         train_size: pool images drawn from the training split (``None``: all).
         k: neighbours whose consensus caption is returned.
@@ -96,7 +101,8 @@ class CaptionProtocol(Protocol):
     def draw(self, root: Path, version: str) -> Draw:
         split = self.versions[version]
         test, train = self.subset(root, split, None), self.subset(root, "train", self.train_size)
-        description = [f"test: the {split} split, {len(test)} captioned images, fingerprint {test.fingerprint}",
+        description = [f"test: {OTHER_SET.format(split=split)}; {len(test)} captioned images, fingerprint "
+                       f"{test.fingerprint}",
                        f"retrieval pool: {len(train)} of {train.pool} training images, fingerprint {train.fingerprint}"]  # fmt: skip
         return Draw(version, {"test": test, "train": train}, {"k": self.k}, description)
 

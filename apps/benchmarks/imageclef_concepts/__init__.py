@@ -1,7 +1,8 @@
 """ImageCLEFmedical 2024 concept detection on ROCOv2 as a benchmark: which UMLS concepts (CUIs) does an image carry?
 
-- Items: the images of one split of a ROCOv2 release folder (``test`` by default, ``valid`` as the other
-  version) with their concept sets; the training split's table gives the concepts a model is asked about (those
+- Items: the images of one split of a ROCOv2 release folder (version ``rocov2-test``, ROCOv2's own test split,
+  by default; ``rocov2-valid`` the other) with their concept sets. ROCOv2's test split is not the ImageCLEFmedical
+  2024 test set (17,237 images) the 2024 leaderboard was scored on, so the report says so (:data:`OTHER_SET`); the training split's table gives the concepts a model is asked about (those
   seen at least ``min_count`` times) and the frequency-prior floor. File names in
   ``configs/benchmark/imageclef-concepts.yaml``.
 - Methods: the model's concepts (a platform run trained on ``task=rocov2_concepts``: every output CUI at or above
@@ -38,13 +39,17 @@ from apps.benchmarks.imageclef_concepts.scoring import (
 
 METRICS = {"f1_primary": "F1, all concepts (primary)", "f1_secondary": "F1, manually validated concepts (secondary)"}
 
+OTHER_SET = ("ROCOv2's own {split} split, not the ImageCLEFmedical 2024 test set (17,237 images): the 2024 "
+             "leaderboard's scores are on that set and not comparable with these")  # fmt: skip
+"""The report's line on which images are scored, ``{split}`` the split: the one the 2024 task scored differs."""
+
 
 class ConceptProtocol(Protocol):
     """Concept detection on a ROCOv2 release folder.
 
     Args:
         name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`; a
-            version's value is the split scored (``test``, ``valid``).
+            version's value is the ROCOv2 split scored (``test``, ``valid``).
         layout: file names with ``{split}``: ``concepts``, ``manual``, ``names`` (CUI -> name, optional),
             ``images`` (the image folder) and ``extension``.
         min_count: a concept is asked about when the training split has it at least this often.
@@ -113,8 +118,8 @@ class ConceptProtocol(Protocol):
         targets = Targets("multilabel", (), np.zeros((len(ids), 0), int), concepts=tuple(truth[i] for i in ids))
         test = Subset(table, targets, pool=len(truth))
         description = [
-            f"test: the {split} split, {len(test)} images ({sum(1 for i in ids if truth[i])} with concepts), "
-            f"fingerprint {test.fingerprint}",
+            f"test: {OTHER_SET.format(split=split)}; {len(test)} images ({sum(1 for i in ids if truth[i])} with "
+            f"concepts), fingerprint {test.fingerprint}",
             f"asked about: {len(kept)} concepts seen at least {self.min_count} times in {len(self.train)} training "
             f"images (of {len(counts)} there)",
             "secondary: "
