@@ -49,8 +49,6 @@ from apps.ensemble import WEIGHTS_ARTIFACT, EnsembleError, StoredEnsemble, load_
 from apps.registry import ALIAS, model_name
 from apps.serving import Scorer
 from apps.submission import (
-    COMMIT_TAG,
-    CodeRecord,
     SubmissionError,
     Template,
     build_submission,
@@ -58,6 +56,7 @@ from apps.submission import (
     task_setting,
     write_submission,
 )
+from apps.submission_zip import COMMIT_TAG, CodeRecord, UploadError
 from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
 from evaluation.prediction_columns import ID_COLUMN
 from evaluation.tta import TTAPredictor
@@ -332,7 +331,7 @@ def run(args: argparse.Namespace) -> None:
     uri = resolve_tracking_uri()
     models = args.model or [f"models:/{model_name(args.task)}@{ALIAS}"]
     # A file that must not be sent, an unknown or unsafe model: the message names it; anything else is a bug.
-    with user_errors(SubmissionError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
+    with user_errors(SubmissionError, UploadError, UnsafeConfig, ModelNotFound, EnsembleError, debug=args.debug):
         kind = submission_format(args.task)
         suffix = ".zip" if kind == "probabilities" else ".csv"  # the CXR-LT upload; ImageCLEF's run file
         out = args.out or Path("mlruns/submissions") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
