@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import lightning.pytorch as L
 import optuna
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from sqlalchemy import create_engine, text
 
-from training.tuning.objective import is_surplus
+from training.tuning.objective import WORKER_ATTR, is_surplus
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: A study small enough for a test: the smoke data cut further, one epoch, no bootstrap, no pruning.
@@ -49,6 +53,54 @@ def trained_trials(study: optuna.Study, target: int) -> list[optuna.trial.Frozen
         assert trial.state == optuna.trial.TrialState.PRUNED and "mlflow_run_id" not in trial.user_attrs
         assert trial.number >= target
     return trained
+
+
+#: Lines of a worker's output that say how one of its trials ended, or why it stopped.
+TRIAL_LINES = re.compile(r"Trial \d+ (finished|failed|pruned)|^trial \d+|stopped beating|failed under this worker|"
+                         r"Cannot tell|Error|Traceback|nothing to run|waiting up to")  # fmt: skip
+
+
+#: Each trial's last heartbeat, from Optuna's own table (its Python API does not expose heartbeats).
+HEARTBEATS = text(
+    "SELECT t.number, h.heartbeat FROM trial_heartbeats h JOIN trials t ON t.trial_id = h.trial_id "
+    "JOIN studies s ON s.study_id = t.study_id WHERE s.study_name = :name"
+)
+
+
+def study_record(storage: str, study_name: str, outputs: Sequence[str] = ()) -> str:
+    """The study as a shared-study assertion prints it on failure, so that a failure says which rule ended a trial.
+
+    Per trial: state, worker, start and end, last heartbeat (:data:`HEARTBEATS`) and how far it lay from the end,
+    the retry records (``failed_trial``, ``retry_history``) and the surplus mark; then the database clock, and each
+    worker's lines about its trials.
+    A trial failed by the dead-worker rule shows a heartbeat older than ``tune.grace_period`` at a FAIL written by
+    another worker; a trial failed by its own training shows the worker's "Trial N failed ... because of" line.
+    """
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    engine = create_engine(storage)
+    try:
+        with engine.connect() as connection:
+            beats = dict(connection.execute(HEARTBEATS, {"name": study_name}).all())
+            now = connection.execute(text("SELECT CURRENT_TIMESTAMP")).scalar()
+    finally:
+        engine.dispose()
+    lines = [f"study {study_name}: database clock {now}, this machine's {datetime.now()}"]
+    for t in study.get_trials(deepcopy=False):
+        beat, end = _naive(beats.get(t.number)), t.datetime_complete
+        gap = f" ({(end - beat).total_seconds():+.1f} s before the end)" if beat and end else ""
+        retry = {k: t.system_attrs[k] for k in ("failed_trial", "retry_history") if k in t.system_attrs}
+        lines.append(f"trial {t.number}: {t.state.name} worker={t.user_attrs.get(WORKER_ATTR)} "
+                     f"start={t.datetime_start} end={end} last_heartbeat={beat}{gap} retry={retry or None} "
+                     f"surplus={is_surplus(t)} values={t.values}")  # fmt: skip
+    for k, output in enumerate(outputs):
+        lines.append(f"--- worker {k}:")
+        lines += [line for line in output.splitlines() if TRIAL_LINES.search(line)][-40:]
+    return "\n".join(lines)
+
+
+def _naive(stamp: datetime | str | None) -> datetime | None:
+    """A heartbeat as a plain datetime: SQLite hands back text, PostgreSQL a datetime."""
+    return datetime.fromisoformat(stamp) if isinstance(stamp, str) else stamp
 
 
 class HoldFit(L.Callback):

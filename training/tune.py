@@ -21,6 +21,7 @@ from training.tracking.health import check_reachable
 from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
+from training.tuning.heartbeat import optimize_until_done
 from training.tuning.objective import Objective
 from training.tuning.pareto import describe_front, log_front, write_front_report
 from training.tuning.report import StudyState, log_best, write_report
@@ -61,15 +62,14 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
 
     status = "FINISHED"
     try:
-        # Not a count of trials alone: a dead worker's RUNNING trial must be failed and queued again first.
-        if budget.has_work(study, wait_s=start_wait(cfg)):
-            study.optimize(
-                objective,
-                timeout=cfg.tune.timeout,
-                catch=(Exception,),  # a failed trial (diverged, bad combination) is recorded; the study goes on
-                gc_after_trial=True,
-                callbacks=[budget, report],
-            )  # fmt: skip
+        # Not a count of trials alone: a dead worker's RUNNING trial must be failed and queued again first. A trial
+        # of this worker that another failed under it (training.tuning.heartbeat) is dropped with one line.
+        optimize_until_done(
+            study, objective, budget.has_work, start_wait(cfg), cfg.tune.timeout,
+            catch=(Exception,),  # a failed trial (diverged, bad combination) is recorded; the study goes on
+            gc_after_trial=True,
+            callbacks=[budget, report],
+        )  # fmt: skip
     except BaseException:
         status = "KILLED"
         raise

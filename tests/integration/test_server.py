@@ -27,7 +27,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from tests.conftest import free_port, train_command
-from tests.tune_support import trained_trials
+from tests.tune_support import study_record, trained_trials
 from training.tracking.server import (
     MAX_OVERFLOW_ENV,
     POOL_SIZE_ENV,
@@ -212,8 +212,11 @@ def test_two_tuning_workers_share_one_postgresql_study(team_server, admin, synth
 
     study = optuna.load_study(study_name="workers", storage=storage)
     trained = trained_trials(study, trials)
-    assert sorted(t.number for t in trained) == list(range(trials))  # none duplicated, none lost, no extra
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trained)
+    record = study_record(storage, "workers", outputs)  # what a failure below prints: who ended which trial, when
+    print(record)  # shown by pytest -rP on a pass, to compare timings
+    assert sorted(t.number for t in trained) == list(range(trials)), record  # none duplicated, lost or extra
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trained), record
+    assert {t.user_attrs["cxrlt.worker"] for t in trained} == {0, 1}, record
 
     client = admin
     runs = client.search_runs([client.get_experiment_by_name("task1").experiment_id],

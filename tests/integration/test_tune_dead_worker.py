@@ -1,5 +1,6 @@
 """A tuning worker killed mid-trial leaves a RUNNING trial nobody will finish; the next worker to start must fail it,
-close its MLflow run, retry its parameters and leave a study (and a parent run summary) that says only the truth."""
+close its MLflow run, retry its parameters and leave a study (and a parent run summary) that says only the truth.
+A worker that was only suspended, and comes back after its trial was failed, must drop that trial and go on."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from tests.tune_support import TINY, prepare_data, tune_command
-from training.tuning.study import TrialBudget, build_storage
+from tests.tune_support import TINY, prepare_data, study_record, tune_command
+from training.tuning.study import TrialBudget, build_storage, fail_stale
 
 pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
 
 COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                                     optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)  # fmt: skip
 TRIALS = 2
-#: Beat every second and call a trial dead after 2 silent seconds, so nothing here waits on the 120 s default.
+#: Beat every second and call a trial dead after 2 silent seconds, so nothing here waits on the 150 s default.
 HEARTBEAT = ("tune.heartbeat_interval=1", "tune.grace_period=2")
 
 
@@ -77,6 +78,54 @@ def test_rerun_after_a_worker_is_killed_mid_trial_finishes_the_study(tmp_path):
     assert summary == {"complete": TRIALS, "fail": 1, "running": 0, "waiting": 0, "pruned": 0, "surplus": 0,
                        "trials": TRIALS + 1}  # fmt: skip
     assert parent.data.tags["best.mlflow_run_id"] == study.best_trial.user_attrs["mlflow_run_id"]
+
+
+def _fitting(tmp_path) -> bool:
+    """Whether a trial has started fitting (its MLflow run id is on it); the storage is read only once a run's
+    checkpoint folder exists, so the test never races the worker to create the storage's tables."""
+    runs = tmp_path / "checkpoints"
+    if not (runs.is_dir() and any(runs.iterdir())):
+        return False
+    trials = optuna.load_study(study_name="task1-default", storage=f"sqlite:///{tmp_path}/optuna.db").trials
+    return any("mlflow_run_id" in t.user_attrs for t in trials)
+
+
+def test_a_worker_suspended_past_the_grace_period_drops_its_failed_trial_in_one_line_and_finishes_the_study(
+    tmp_path, monkeypatch
+):
+    prepare_data(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONUNBUFFERED": "1"}
+    worker_log, storage = tmp_path / "worker.log", f"sqlite:///{tmp_path}/optuna.db"
+    with worker_log.open("w") as out:
+        worker = subprocess.Popen(tune_command(tmp_path, 1, *TINY, *HEARTBEAT), env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        _wait_for(lambda: _fitting(tmp_path), worker, worker_log, 300, "a trial fitting")
+        worker.send_signal(signal.SIGSTOP)  # a suspended machine: alive, silent
+        try:
+            other = optuna.load_study(study_name="task1-default", storage=_storage(tmp_path, grace=2))
+            deadline = time.monotonic() + 30
+            while not other.get_trials(states=(FAIL,)):  # another worker's dead-worker rule, once it is stale
+                assert time.monotonic() < deadline, "the suspended worker's trial was never failed"
+                fail_stale(other)
+                time.sleep(0.5)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        worker.wait(timeout=600)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    output = worker_log.read_text()
+    record = study_record(storage, "task1-default", [output])
+    assert worker.returncode == 0, record + output[-3000:]  # no "Cannot tell a FAIL trial"
+    lines = [line for line in output.splitlines() if "was failed under this worker" in line]
+    assert len(lines) == 1 and "trial 0 " in lines[0], record
+    trials = optuna.load_study(study_name="task1-default", storage=storage).trials
+    assert [t.state for t in trials] == [FAIL, COMPLETE], record  # the retry ran the point here, after the drop
+    assert trials[1].system_attrs["failed_trial"] == 0 and trials[1].params == trials[0].params
+    ghost = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(trials[0].user_attrs["mlflow_run_id"])
+    assert (ghost.info.status, ghost.data.tags["optuna.state"]) == ("KILLED", "FAIL")
 
 
 #: The two tests below drive a study by hand (ask, heartbeats) to stand for workers; Optuna warns that heartbeats

@@ -39,6 +39,7 @@ from training.tracking.redaction import redact_text
 from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
+from training.tuning.heartbeat import TrialTakenOver, ensure_running
 from training.tuning.objectives import Goal
 from training.tuning.space import SearchSpace, to_overrides
 
@@ -56,6 +57,8 @@ TRIAL_TAG = "optuna.trial_number"
 STUDY_TAG = "optuna.study_name"
 WORKER_TAG = "optuna.worker"
 RUN_ATTR = "mlflow_run_id"
+#: User attribute of a trial: the ``tune.worker`` that ran it, so the study alone says which worker ended which trial.
+WORKER_ATTR = "cxrlt.worker"
 #: User attribute of a trial that lost the race for the study's last slot: it is ended PRUNED without training.
 SURPLUS_ATTR = "cxrlt.surplus"
 
@@ -83,11 +86,13 @@ class TrialRecorder(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.run_id = trainer.logger.run_id
+        ensure_running(self.trial)
         self.trial.set_user_attr(RUN_ATTR, self.run_id)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
+        ensure_running(self.trial)  # before the pruning callback reports to a trial another worker may have failed
         metrics = trainer.callback_metrics
         self.logged.update(key for key in metrics if key.startswith("val/"))
         value = metrics.get(self.metric)
@@ -105,8 +110,9 @@ class TrialRecorder(L.Callback):
 
 
 def trial_status(error: BaseException) -> str:
-    """MLflow status of a trial run ended by ``error``: pruning ends it KILLED (see module docstring)."""
-    return "KILLED" if isinstance(error, optuna.TrialPruned) else error_status(error)
+    """MLflow status of a trial run ended by ``error``: pruning ends it KILLED (see module docstring), and so does a
+    trial another worker failed under this one (as that worker closed it)."""
+    return "KILLED" if isinstance(error, (optuna.TrialPruned, TrialTakenOver)) else error_status(error)
 
 
 def merge_overrides(base: Sequence[str], trial: Sequence[str]) -> list[str]:
@@ -172,6 +178,7 @@ class Objective:
         self.admits = admits
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
+        trial.set_user_attr(WORKER_ATTR, self.worker)
         if self.admits is not None and not self.admits(trial.study, trial.number):
             trial.set_user_attr(SURPLUS_ATTR, True)
             log.info("trial %d: the study's trials are all taken by other workers; not training it", trial.number)
@@ -187,13 +194,15 @@ class Objective:
         log.info("trial %d: %s", trial.number, values)
         try:
             run_training(cfg, callbacks=[recorder, *pruning], extra_tags=tags, status_on_error=trial_status)
+            ensure_running(trial)  # the test phase after the last validation can outlast the grace period too
         except optuna.TrialPruned:
             # the recorder runs before the pruning callback, so it holds the epoch that was pruned
             self._close(cfg, recorder, "PRUNED", {"optuna.pruned_epoch": str(max(recorder.values, default=-1))})
             shutil.rmtree(Path(cfg.tracking.checkpoint_root) / str(recorder.run_id), ignore_errors=True)
             raise
         except BaseException as error:
-            self._close(cfg, recorder, "FAIL", {"optuna.error": redact_text(repr(error))[:1000]})
+            self._close(cfg, recorder, "FAIL", {"optuna.error": redact_text(repr(error))[:1000]},
+                        status=trial_status(error) if isinstance(error, TrialTakenOver) else None)  # fmt: skip
             raise
         if self.goals:
             return self._values(cfg, recorder)
@@ -222,8 +231,10 @@ class Objective:
                                                                                      values, strict=True)))})  # fmt: skip
         return values
 
-    def _close(self, cfg: DictConfig, recorder: TrialRecorder, state: str, tags: dict[str, str]) -> None:
-        """Tag the trial's run with its final Optuna state (the pipeline already set the MLflow status).
+    def _close(self, cfg: DictConfig, recorder: TrialRecorder, state: str, tags: dict[str, str],
+               status: str | None = None) -> None:  # fmt: skip
+        """Tag the trial's run with its final Optuna state; the pipeline already set the MLflow status, unless
+        ``status`` replaces it (a trial taken over after its run finished).
 
         A trial that failed before fitting began has no run id in the recorder; its run, if the pipeline got as
         far as creating one, is found by its study and trial-number tags.
@@ -232,7 +243,10 @@ class Objective:
         run_id = recorder.run_id or self._find_run(client, cfg, recorder.trial.number)
         if run_id is None:  # failed before a run existed (e.g. a data error): nothing to tag
             return
-        TrackedRun(client, run_id).set_tags({STATE_TAG: state, **tags})
+        run = TrackedRun(client, run_id)
+        run.set_tags({STATE_TAG: state, **tags})
+        if status is not None:
+            run.finish(status)
 
     def _find_run(self, client: MlflowClient, cfg: DictConfig, number: int) -> str | None:
         experiment = client.get_experiment_by_name(cfg.tracking.experiment)

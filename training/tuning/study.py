@@ -10,7 +10,8 @@ workers are still running (checked after each trial and once before the first, e
 trials), except that a failed trial replaced by its retry (below) counts once, as its retry. So ``TRIALS=8``
 after a finished ``TRIALS=6`` adds two, and two workers stop together.
 
-Stopped workers. Storage heartbeats are on: a trial whose worker died (kill -9, lost node) stops beating and,
+Stopped workers. Storage heartbeats are on (:mod:`training.tuning.heartbeat`: how a live worker's trial is kept from
+being declared dead, and the grace rule): a trial whose worker died (kill -9, lost node) stops beating and,
 once silent for ``tune.grace_period`` seconds, is marked FAIL by the next worker that starts, or that starts or
 finishes a trial; its MLflow run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` (the
 ``RetryFailedTrialCallback`` of older Optuna) queues the same parameters again as a new trial, up to
@@ -51,7 +52,8 @@ from training.tracking.redaction import redact_text
 from training.tracking.session import git_commit, tracking_uri
 from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import tracking_client
-from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, is_surplus
+from training.tuning.heartbeat import SteadyHeartbeatStorage, check_grace_period
+from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, WORKER_ATTR, is_surplus
 from training.tuning.objectives import OBJECTIVES_ATTR, Goal, ObjectiveError, goals_from_config
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ ENGINE_KWARGS = {
     "postgresql": {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
 }
 STORAGE_ATTEMPTS = 5
+#: How long a write may wait on a database whose driver settings are not set here (MySQL and others).
+DEFAULT_WRITE_WAIT_S = 60.0
 NO_PRUNING = "none (multi-objective: Optuna prunes single-objective trials only)"
 
 
@@ -79,13 +83,25 @@ def storage_url(url: str) -> str:
     return url
 
 
+def write_wait(url: str) -> float:
+    """The longest one storage write waits before it fails: SQLite's lock timeout, PostgreSQL's connect timeout."""
+    args = ENGINE_KWARGS.get(_scheme(url), {}).get("connect_args", {})
+    return float(args.get("timeout", args.get("connect_timeout", DEFAULT_WRITE_WAIT_S)))
+
+
+def _scheme(url: str) -> str:
+    """The database of a SQLAlchemy URL: ``postgresql`` for ``postgresql+psycopg://...``."""
+    return urlsplit(url).scheme.split("+")[0]
+
+
 def redacted(url: str) -> str:
     """The URL without a password (or any secret environment value), for tags and logs."""
     return redact_text(url)
 
 
 def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
-    """RDB storage with heartbeats; a dead worker's trials are failed, their MLflow runs closed, and retried."""
+    """RDB storage with heartbeats that outlast a failed write; a dead worker's trials are failed, their MLflow runs
+    closed, and retried."""
     url = storage_url(str(cfg.tune.storage))
     uri = tracking_uri(cfg)
     max_retry = int(cfg.tune.get("max_retry", 1))
@@ -97,22 +113,24 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
         run_id = trial.user_attrs.get(RUN_ATTR)
         tries = len(trial.system_attrs.get("retry_history", [])) + 1  # counted as the retry callback counts them
         queued = "queued again" if tries <= max_retry else f"not queued again (tune.max_retry={max_retry})"
-        log.warning("trial %d stopped beating (worker gone); marked FAIL, %s", trial.number, queued)
+        log.warning("trial %d (worker %s) stopped beating past tune.grace_period=%s s; marked FAIL, %s", trial.number,
+                    trial.user_attrs.get(WORKER_ATTR), cfg.tune.grace_period, queued)  # fmt: skip
         if run_id:
             ghost = TrackedRun(tracking_client(uri), run_id)
             ghost.set_tags({STATE_TAG: "FAIL"})
             ghost.finish("KILLED")
         retry(study, trial)
 
+    check_grace_period(cfg.tune.heartbeat_interval, cfg.tune.get("grace_period"), write_wait(url))
     # Workers started together on a fresh database race to create its tables; the loser sees "table already
     # exists" (or a lock) and simply connects again once the winner is done.
     for attempt in range(STORAGE_ATTEMPTS):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats
-                return optuna.storages.RDBStorage(
+                return SteadyHeartbeatStorage(
                     url,
-                    engine_kwargs=ENGINE_KWARGS.get(urlsplit(url).scheme.split("+")[0], {}),
+                    engine_kwargs=ENGINE_KWARGS.get(_scheme(url), {}),
                     heartbeat_interval=cfg.tune.heartbeat_interval,
                     grace_period=cfg.tune.grace_period,
                     heartbeat_stale_trial_callback=close_ghost_run,
