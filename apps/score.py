@@ -35,6 +35,7 @@ from apps.benchmarks.imageclef_concepts.tables import per_concept_table
 from apps.score_truth import read_truth
 from apps.submission import SubmissionError, submission_format
 from evaluation.bootstrap import resample_indices
+from evaluation.conventions import Conventions, terminal_lines
 from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.prediction_columns import id_column
 from evaluation.predictions import PredictionsError, align_predictions, read_predictions
@@ -118,6 +119,7 @@ def score(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     # The rule behind the intervals, and what it leaves out (docs/evaluation.md, "Reading an interval").
     left_out = left_out_note({f"{args.split}/{k}": v for k, v in results["all"].items()}, args.split, args.n_boot)
     print("\n".join(f"  {line}" for line in (CI_RULE, left_out) if line))
+    print(f"  {terminal_lines(Conventions(), {})[0]}")  # what the figures above mean where the paper is silent
     return results
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from hydra.utils import instantiate
 
+from evaluation.conventions import Conventions, alternative_metrics
 from evaluation.metric_registry import SUITE
 from evaluation.metrics import prevalence_baseline_map
 from evaluation.perturbed_split import predict_perturbed
@@ -63,6 +64,9 @@ class Evaluation:
     #: ``{label: readable name}`` where the data source has one (ROCOv2's CUI -> concept name); shown beside the
     #: label in the per-class table and the report.
     label_titles: dict[str, str] = field(default_factory=dict)
+    #: The readings of the open conventions every metric set used (``evaluation.conventions``), printed beside the
+    #: figures by the report and the terminal.
+    conventions: Conventions = field(default_factory=Conventions)
 
 
 def predict(model, datamodule, split: str, predictor: TTAPredictor | None = None) -> np.ndarray:
@@ -107,8 +111,9 @@ def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Ev
     labels = list(model.labels)
     groups = model.groups
     prevalence = model.train_counts.cpu().numpy() / max(float(model.train_size), 1.0)
-    suite = dict(labels=labels, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
-                 threshold=cfg.evaluation.threshold, class_groups=groups)  # fmt: skip
+    conventions = Conventions.from_config(cfg.evaluation)
+    suite = dict(labels=labels, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed, class_groups=groups,
+                 **conventions.suite_kwargs())  # fmt: skip
     test_targets = datamodule.datasets["test"].targets.numpy()
     val_targets = datamodule.datasets["val"].targets.numpy()
     plain = TTAPredictor(["identity"])
@@ -132,6 +137,8 @@ def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Ev
     def add(prefix: str, probs: np.ndarray, macros_only: bool, **overrides) -> MetricSet:
         result = compute_suite(test_targets, probs, **{**suite, **overrides})
         metric_set = MetricSet(prefix, probs, result, _prefixed(prefix, result.metrics, macros_only))
+        other = alternative_metrics(test_targets, probs, labels, conventions, suite["n_boot"], suite["seed"])
+        metric_set.metrics.update({f"{prefix}/{key}": value for key, value in other.items()})
         sets[prefix] = metric_set
         return metric_set
 
@@ -162,7 +169,7 @@ def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Ev
     per_class_metrics = bool(cfg.evaluation.get("per_class_metrics", True))
     titles = dict(getattr(datamodule.source, "label_titles", None) or {})
     return Evaluation(sets, metrics, predictions, labels, groups, prevalence, sources, per_class_metrics,
-                      {name: titles[name] for name in labels if name in titles})  # fmt: skip
+                      {name: titles[name] for name in labels if name in titles}, conventions)  # fmt: skip
 
 
 def _predict_perturbed(model, datamodule, cfg) -> np.ndarray:

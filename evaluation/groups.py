@@ -13,7 +13,8 @@ NORMAL_LABELS = frozenset({"Normal", "No Finding"})
 def frequency_group(name: str, prevalence: float) -> str:
     """Group of one class: Normal; common >10%; medium 1-10%; rare 0.1-1%; very rare <0.1%.
 
-    Boundaries follow the challenge: exactly 10% is medium, exactly 1% is rare, exactly 0.1% is rare.
+    The paper's ranges share their ends; the platform puts exactly 10% in medium and exactly 1% and 0.1% in rare
+    (docs/rules.md §13, ``group_bounds``).
     """
     if name in NORMAL_LABELS:
         return "normal"

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.metrics import precision_recall_curve  # noqa: E402
 
+from evaluation.conventions import of_evaluation  # noqa: E402
 from evaluation.groups import GROUPS  # noqa: E402
 
 
@@ -118,7 +119,7 @@ def write_plots(evaluation, folder: Path) -> list[Path]:
     targets = evaluation.predictions["test"][[f"true/{n}" for n in evaluation.labels]].to_numpy()
     paths = [
         pr_curves(evaluation, targets, folder / "pr_curves.png"),
-        reliability(evaluation, targets, folder / "reliability.png"),
+        reliability(evaluation, targets, folder / "reliability.png", of_evaluation(evaluation).ece_bins),
         head_to_tail(evaluation, folder / "head_to_tail.png"),
         per_class_ap(evaluation, folder / "per_class_ap.png"),
         perturbation_deltas(evaluation, folder / "perturbation_deltas.png"),

@@ -232,6 +232,49 @@ def ap_auroc(plan: ClassPlan, stats: ClassStats) -> tuple[np.ndarray, np.ndarray
     return ap, auroc
 
 
+def interpolated_ap(plan: ClassPlan, stats: ClassStats, points: int | None = None) -> np.ndarray:
+    """PASCAL VOC's interpolated AP for each resample of a chunk: all-point (``points=None``) or ``points``-point.
+
+    Why it is here: the CXR-LT 2026 paper cites PASCAL VOC for AP, whose AP differs from scikit-learn's step AP
+    (:func:`ap_auroc`); the platform offers it as a configurable alternative (``evaluation.conventions``).
+
+    Definitions (Everingham et al., PASCAL VOC): the interpolated precision at recall ``r`` is the largest precision
+    at any recall ``>= r``. All-point (VOC 2010 and later): the area under that monotone envelope, i.e.
+    ``sum_k (R_k - R_{k-1}) * max_{j >= k} P_j``. 11-point (VOC 2007, ``points=11``): the mean of the interpolated
+    precision at ``r = 0, 0.1, ..., 1`` (0 where no recall reaches ``r``). Recall levels are compared exactly
+    (``10 tp >= k n_pos``), not through a rounded ``k / 10``. Tied scores form one threshold, as in :func:`ap_auroc`;
+    the VOC devkit ranks tied detections in an arbitrary order, so on ties the two can differ.
+
+    Only the ends of tie groups holding a positive are needed: any other point of the curve has the recall of the
+    last such group above it and no higher precision, so it never raises the envelope.
+
+    Returns:
+        ``(b,)``; NaN where the resample has no positive.
+    """
+    w_pos = stats.positives  # (b,)
+    if plan.n_groups == 0:
+        return np.full(len(w_pos), np.nan)
+    tp = stats.tp_cum  # (G, b)
+    predicted = tp + stats.neg_cum[plan.group_segment]  # (G, b)
+    precision = np.divide(tp, np.maximum(predicted, np.finfo(np.float64).tiny))
+    envelope = np.maximum.accumulate(precision[::-1], axis=0)[::-1]  # (G, b) best precision at this recall or above
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if points is None:
+            ap = np.einsum("gb,gb->b", stats.pos, envelope) / w_pos
+        else:
+            if points < 2:
+                raise ValueError(f"interpolated AP needs at least 2 recall points, got {points}")
+            columns = np.arange(tp.shape[1])
+            total = np.zeros(tp.shape[1])
+            for k in range(points):  # recall level k / (points - 1)
+                reached = (points - 1) * tp >= k * w_pos  # (G, b), False then True along G
+                first = np.argmax(reached, axis=0)  # (b,)
+                total += np.where(reached.any(axis=0), envelope[first, columns], 0.0)
+            ap = total / points
+    ap[w_pos <= 0] = np.nan
+    return ap
+
+
 def counts_matrix(n_items: int, counts: np.ndarray | None) -> tuple[np.ndarray, bool]:
     """``counts`` as ``(N, b)`` C-contiguous float64 (resample last), and whether the caller passed a batch.
 
@@ -269,6 +312,17 @@ def ap_auroc_weighted(
 def average_precision(y: np.ndarray, p: np.ndarray, counts: np.ndarray | None = None) -> float | np.ndarray:
     """Weighted AP (scikit-learn's ``average_precision_score`` on the resampled data); see ``ap_auroc_weighted``."""
     return ap_auroc_weighted(y, p, counts)[0]
+
+
+def voc_average_precision(
+    y: np.ndarray, p: np.ndarray, points: int | None = None, counts: np.ndarray | None = None
+) -> float | np.ndarray:
+    """PASCAL VOC interpolated AP of one class (all-point, or ``points``-point), optionally count-weighted; see
+    :func:`interpolated_ap`. Floats, or ``(B,)`` when ``counts`` is 2-D; NaN without a positive."""
+    plan = ClassPlan.build(y, p)
+    counts_t, batch = counts_matrix(len(y), counts)
+    ap = interpolated_ap(plan, plan.stats(counts_t), points)
+    return ap if batch else float(ap[0])
 
 
 def roc_auc(y: np.ndarray, p: np.ndarray, counts: np.ndarray | None = None) -> float | np.ndarray:

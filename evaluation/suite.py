@@ -1,8 +1,9 @@
 """The challenge's metric suite with case-level bootstrap CIs, in one vectorised pass over chunks of resamples.
 
 Metrics (docs/rules.md §2-§3): AP, AUROC, F1/precision/recall at a fixed threshold (``prob >= t``), the same
-at per-class thresholds chosen on validation (``*_valthr``), ECE per class (15 equal-width bins) and pooled over
-all (image, class) pairs. Macro means run over the classes with at least one labelled positive (AUROC: a positive
+at per-class thresholds chosen on validation (``*_valthr``), ECE per class (15 equal-width bins by default) and
+pooled over all (image, class) pairs. The threshold rule, the bins and the AP definition are conventions the paper
+leaves open; the platform's choices and their settings are listed in :mod:`evaluation.conventions`. Macro means run over the classes with at least one labelled positive (AUROC: a positive
 and a negative); entries with target -1 are left out per class. Every macro mean gets a percentile CI from
 ``n_boot`` case-level resamples (whole images drawn with replacement); within a resample a class without a
 positive (AUROC: or without a negative) is left out of that resample's mean.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from evaluation.bootstrap import auto_chunk, iter_count_chunks, percentile_ci, strata_members
-from evaluation.metric_registry import SUITE, ClassChunk, SuiteMetric
+from evaluation.metric_registry import AP_RULES, SUITE, ClassChunk, SuiteMetric
 from evaluation.ranking import N_BINS, ClassPlan
 from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
 
@@ -190,6 +191,7 @@ def _evaluate(
     val_thresholds: np.ndarray | None,
     per_class: tuple[SuiteMetric, ...],
     pooled: tuple[SuiteMetric, ...],
+    ap: str = "step",
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Every registered metric for a chunk of count vectors ``(N, b)``: ``{key: (b, C)}`` and ``{pooled: (b,)}``.
 
@@ -202,7 +204,7 @@ def _evaluate(
         if plan.n_labelled == 0:
             continue
         val_threshold = None if val_thresholds is None else float(val_thresholds[c])
-        chunk = ClassChunk(plan, plan.stats(counts_t), threshold, val_threshold)
+        chunk = ClassChunk(plan, plan.stats(counts_t), threshold, val_threshold, ap)
         for metric in per_class:
             out[metric.key][:, c] = metric.compute(chunk)
         for metric in pooled:
@@ -226,6 +228,7 @@ def compute_suite(
     class_groups: Mapping[str, Sequence[int | str]] | None = None,
     n_bins: int = N_BINS,
     strata: Sequence | np.ndarray | None = None,
+    ap: str = "step",
 ) -> SuiteResult:
     """Every challenge metric with bootstrap CIs on one split.
 
@@ -245,6 +248,8 @@ def compute_suite(
         n_bins: ECE bins.
         strata: ``(N,)`` label per image (its source); each resample then keeps every stratum's image count
             (``evaluation.bootstrap``), e.g. a pooled internal + external test resampled within each source.
+        ap: which AP ``mAP`` and ``ap/<class>`` are: ``"step"`` (scikit-learn's), ``"voc_all"`` or ``"voc_11"``
+            (PASCAL VOC's interpolated AP, ``evaluation.ranking.interpolated_ap``).
 
     Returns:
         ``SuiteResult``; ``.metrics`` holds ``mAP``, ``mAUROC``, ``mF1``, ``mPrecision``, ``mRecall``, ``mECE``,
@@ -267,6 +272,8 @@ def compute_suite(
         raise ValueError(f"n_bins must be a positive integer, got {n_bins}")
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if ap not in AP_RULES:
+        raise ValueError(f"ap must be one of {sorted(AP_RULES)}, got {ap!r}")
     thresholds = None if val_thresholds is None else thresholds_from_mapping(val_thresholds, labels)
     for members in (class_groups or {}).values():
         for cls in members:
@@ -279,13 +286,13 @@ def compute_suite(
         planned = (threshold,) if thresholds is None else (threshold, float(thresholds[c]))
         plans.append(ClassPlan.build(targets[:, c], probs[:, c], thresholds=planned, n_bins=n_bins))
     registered = SUITE.per_class(val_thresholds=thresholds is not None), SUITE.pooled()
-    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds, *registered)
+    point, pooled_point = _evaluate(plans, np.ones((n_items, 1)), threshold, thresholds, *registered, ap)
     replicates = {key: np.full((n_boot, n_classes), np.nan) for key in point}
     pooled_replicates = {name: np.full(n_boot, np.nan) for name in pooled_point}
     if n_boot:
         chunks = iter_count_chunks(n_items, n_boot, seed, chunk or auto_chunk(n_items, n_boot), strata=strata)
         for rows, counts in chunks:
-            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds, *registered)
+            values, pooled = _evaluate(plans, np.ascontiguousarray(counts.T), threshold, thresholds, *registered, ap)
             for key, array in values.items():
                 replicates[key][rows] = array
             for name, array in pooled.items():

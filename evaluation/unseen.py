@@ -7,10 +7,13 @@ come from the data module: the full manifest the leak guard set aside (``unseen_
 reference points ride along on the same machinery: a seeded uniform-random score (``test_unseen_random/...``: AUROC
 0.5, AP about the prevalence) and the prevalence baseline mAP.
 
-CXR-LT 2026 scores Task 2 on two fixed test sets, an internal one (PadChest-GR) and an external one (NIH), with
-bootstrap resampling within each source. So every figure here resamples within source: per centre
-(``<set>/source/<name>/...``), the internal test, the external test (every other centre), and the pooled test
-(all images; each resample keeps every source's image count, ``evaluation.bootstrap``). Which centre is internal
+CXR-LT 2026 scores Task 2 on two fixed test sets, an internal one (PadChest-GR) and an external one (NIH), and
+resamples within source for its cross-centre analyses. Here every figure resamples within its centres: per centre
+(``<set>/source/<name>/...``), the internal test, the external test (every other centre), and, by the platform's
+choice, the pooled test too (all images; each resample keeps every source's image count, ``evaluation.bootstrap``),
+since it is two fixed test sets and not one sample; ``evaluation.conventions.unseen_pooled_bootstrap: whole``
+resamples it as one set, and the other reading is logged as ``test_unseen/alternative/...``
+(:mod:`evaluation.conventions`). Which centre is internal
 is a definition, not a property of the data: the data config names it (``data.internal_source``: ``padchest`` for
 CXR-LT 2026), since "the centre with most training images" would change with a user's subset. Without that key
 the internal/external reports are left out (logged); the mapping is recorded as run tags.
@@ -33,6 +36,7 @@ import numpy as np
 import pandas as pd
 from torch import nn
 
+from evaluation.conventions import UNSEEN_POOLED, Conventions, alternative_metrics, unseen_pooled_alternative
 from evaluation.evaluate import MACROS
 from evaluation.heldout import UNSEEN_ARTIFACT, HeldoutDraw, draw_unseen, write_record
 from evaluation.metric_registry import UNSEEN_SCOPES, UNSEEN_SETS
@@ -77,6 +81,7 @@ class UnseenReport:
         transfer: how unseen scores were made (the adapter's transfer and whether it was chosen), or None.
         frames: predictions of the other sets by prefix (``test_unseen_tta``, ..., ``heldout_unseen``).
         heldout: the held-out draw behind ``heldout_unseen/...``, or None.
+        pooled_bootstrap: how the pooled test was resampled (``evaluation.conventions.unseen_pooled_bootstrap``).
     """
 
     metrics: dict[str, float]
@@ -88,12 +93,15 @@ class UnseenReport:
     sources: list[str] = field(default_factory=list)
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     heldout: HeldoutDraw | None = None
+    pooled_bootstrap: str = "within_source"
 
     @property
     def tags(self) -> dict[str, str]:
         tags = {"cxrlt.zeroshot.transfer": self.transfer} if self.transfer else {}
         if len(self.sources) > 1:
-            tags["cxrlt.unseen.bootstrap"] = f"resampled within source ({', '.join(self.sources)})"
+            tags["cxrlt.unseen.bootstrap"] = f"resampled within source ({', '.join(self.sources)})" + (
+                "" if self.pooled_bootstrap == "within_source" else f"; pooled {UNSEEN_POOLED[self.pooled_bootstrap]}"
+            )
         if self.internal is not None:
             tags["cxrlt.unseen.internal_source"] = self.internal
             tags["cxrlt.unseen.external_sources"] = ",".join(self.external)
@@ -102,7 +110,8 @@ class UnseenReport:
         return tags
 
     def summary(self) -> str:
-        return summary_table(self.metrics, self.unseen, self.internal, self.transfer, self.heldout)
+        return summary_table(self.metrics, self.unseen, self.internal, self.transfer, self.heldout,
+                             pooled=UNSEEN_POOLED[self.pooled_bootstrap])  # fmt: skip
 
 
 def _macros(metrics: dict[str, float]) -> dict[str, float]:
@@ -110,10 +119,12 @@ def _macros(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def scoped_metrics(prefix: str, targets: np.ndarray, scores: np.ndarray, sources: np.ndarray | None,
-                   internal: str | None, suite: dict, per_class: bool = False) -> dict[str, float]:  # fmt: skip
-    """``<prefix>/<macro>`` on all images (resampled within source), ``<prefix>/<scope>/<macro>`` for each scope of
-    :func:`unseen_scopes` (each resampled within its own centres), and per class when ``per_class``."""
-    result = compute_suite(targets, scores, **suite, strata=sources)
+                   internal: str | None, suite: dict, per_class: bool = False,
+                   within_source: bool = True) -> dict[str, float]:  # fmt: skip
+    """``<prefix>/<macro>`` on all images (resampled within source unless ``within_source`` is false: the
+    ``unseen_pooled_bootstrap`` convention), ``<prefix>/<scope>/<macro>`` for each scope of :func:`unseen_scopes`
+    (each resampled within its own centres), and per class when ``per_class``."""
+    result = compute_suite(targets, scores, **suite, strata=sources if within_source else None)
     keep = result.metrics if per_class else _macros(result.metrics)
     out = {f"{prefix}/{k}": v for k, v in keep.items() if np.isfinite(v)}
     for scope, index in unseen_scopes(sources, internal).items():
@@ -124,14 +135,25 @@ def scoped_metrics(prefix: str, targets: np.ndarray, scores: np.ndarray, sources
 
 
 def unseen_metrics(targets: np.ndarray, probs: np.ndarray, labels: list[str], sources: np.ndarray | None,
-                   n_boot: int, seed: int, threshold: float, internal: str | None = None) -> dict[str, float]:  # fmt: skip
+                   n_boot: int, seed: int, threshold: float, internal: str | None = None,
+                   conventions: Conventions | None = None) -> dict[str, float]:  # fmt: skip
     """Flat ``test_unseen/...`` (the pooled test, per class too), ``test_unseen/<scope>/...`` macros for each scope
-    of :func:`unseen_scopes`, and the same under ``test_unseen_random/``; every bootstrap resamples within source.
+    of :func:`unseen_scopes`, and the same under ``test_unseen_random/``; every bootstrap resamples within source
+    (the pooled test as ``conventions`` say). With ``conventions``, which then carry the threshold, the pooled
+    test's alternative readings too (``test_unseen/alternative/...``).
     """
-    suite = dict(labels=labels, n_boot=n_boot, seed=seed, threshold=threshold)
+    given = conventions is not None
+    conventions = conventions or Conventions(threshold=threshold)
+    suite = dict(labels=labels, n_boot=n_boot, seed=seed, **conventions.suite_kwargs())
+    within = conventions.unseen_within_source
     random = np.random.default_rng(RANDOM_SEED).random(probs.shape)
-    out = scoped_metrics(TEST, targets, probs, sources, internal, suite, per_class=True)
-    out.update(scoped_metrics(f"{TEST}_random", targets, random, sources, internal, suite))
+    out = scoped_metrics(TEST, targets, probs, sources, internal, suite, per_class=True, within_source=within)
+    out.update(scoped_metrics(f"{TEST}_random", targets, random, sources, internal, suite, within_source=within))
+    if given:
+        pooled = sources if within else None
+        other = alternative_metrics(targets, probs, labels, conventions, n_boot, seed, strata=pooled)
+        other.update(unseen_pooled_alternative(targets, probs, labels, sources, conventions, n_boot, seed))
+        out.update({f"{TEST}/{key}": value for key, value in other.items()})
     out[f"{TEST}/prevalence_baseline_mAP"] = prevalence_baseline_map(targets)
     return out
 
@@ -191,7 +213,8 @@ def _heldout(scorer: UnseenScorer, datamodule, cfg, unseen: list[str], internal:
         return None
     sources = _sources(drawn.rows)
     inside = internal if sources is not None and internal in set(sources) else None
-    metrics = scoped_metrics(HELDOUT, drawn.targets, drawn.probs, sources, inside, suite)
+    within = Conventions.from_config(cfg.evaluation).unseen_within_source
+    metrics = scoped_metrics(HELDOUT, drawn.targets, drawn.probs, sources, inside, suite, within_source=within)
     if f"{HELDOUT}/mAP" not in metrics:
         log.warning("no held-out unseen-class figures: the %s draw has no positive of any unseen class",
                     drawn.draw.describe(with_caveat=False))  # fmt: skip
@@ -225,11 +248,13 @@ def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
         log.warning("unseen-class report: no internal/external split (data.internal_source=%r is not among the test "
                     "sources %s); pooled and per-source figures only", internal, sorted(set(sources)))  # fmt: skip
         internal = None
-    metrics = unseen_metrics(targets, probs, unseen, sources, ev.n_boot, ev.seed, ev.threshold, internal)
-    suite = dict(labels=unseen, n_boot=ev.n_boot, seed=ev.seed, threshold=ev.threshold)
+    conventions = Conventions.from_config(ev)
+    metrics = unseen_metrics(targets, probs, unseen, sources, ev.n_boot, ev.seed, ev.threshold, internal, conventions)
+    suite = dict(labels=unseen, n_boot=ev.n_boot, seed=ev.seed, **conventions.suite_kwargs())
     frames = {}
     for prefix, copy in _test_copies(scorer, datamodule, cfg).items():
-        metrics.update(scoped_metrics(prefix, targets, copy, sources, internal, suite))
+        metrics.update(scoped_metrics(prefix, targets, copy, sources, internal, suite,
+                                      within_source=conventions.unseen_within_source))  # fmt: skip
         frames[prefix] = _frame(rows, copy, targets, unseen)
     metrics.update(perturbation_deltas(metrics))
     heldout = _heldout(scorer, datamodule, cfg, unseen, configured_internal_source(cfg), suite)
@@ -244,7 +269,7 @@ def compute_unseen(model, datamodule, cfg) -> UnseenReport | None:
         transfer = f"{transfer}, {how}"
     centres = sorted(set(sources)) if sources is not None else []
     return UnseenReport(metrics, _frame(rows, probs, targets, unseen), unseen, internal, external, transfer or None,
-                        centres, frames, draw)  # fmt: skip
+                        centres, frames, draw, conventions.unseen_pooled_bootstrap)  # fmt: skip
 
 
 def store_unseen(report: UnseenReport, log_metrics: Callable[[dict], None],
@@ -274,14 +299,16 @@ def _cell(metrics: dict[str, float], key: str) -> str:
     return f"{value:.3f} [{low:.3f}, {high:.3f}]" if low is not None else f"{value:.3f}"
 
 
-def _scope_rows(metrics: dict[str, float], prefix: str, internal: str | None) -> list[tuple[str, str]]:
-    """``(row label, key suffix)`` of the scopes ``prefix`` logged: pooled, internal, external, then per centre."""
+def _scope_rows(metrics: dict[str, float], prefix: str, internal: str | None,
+                pooled: str = UNSEEN_POOLED["within_source"]) -> list[tuple[str, str]]:  # fmt: skip
+    """``(row label, key suffix)`` of the scopes ``prefix`` logged: pooled (labelled with how it was resampled),
+    internal, external, then per centre."""
 
     def role(name: str) -> str:
         return name if internal is None else f"{name} ({'internal' if name == internal else 'external'})"
 
     present = {k.split("/")[1] for k in metrics if k.startswith(f"{prefix}/")}
-    scopes = [("pooled (resampled within source)" if "pooled" in present else "overall", "")]
+    scopes = [(f"pooled ({pooled})" if "pooled" in present else "overall", "")]
     scopes += [(f"internal ({internal})", "/internal")] if "internal" in present else []
     scopes += [("external", "/external")] if "external" in present else []
     scopes += sorted({(role(k.split("/")[2]), f"/source/{k.split('/')[2]}") for k in metrics
@@ -289,16 +316,18 @@ def _scope_rows(metrics: dict[str, float], prefix: str, internal: str | None) ->
     return scopes
 
 
-def analyses_table(metrics: dict[str, float], internal: str | None, macro: str = "mAP") -> list[str]:
+def analyses_table(metrics: dict[str, float], internal: str | None, macro: str = "mAP",
+                   pooled: str = UNSEEN_POOLED["within_source"]) -> list[str]:  # fmt: skip
     """Markdown: ``macro`` with CIs of every Task 2 analysis (test, TTA, perturbed, its delta, held-out) on the
     pooled, internal and external tests; a set the run did not compute is left out, a scope it lacks is ``n/a``."""
     sets = [s for s in UNSEEN_SETS if f"{s.prefix}/{macro}" in metrics]
     if len(sets) < 2:
         return []
     header = [s.title for s in sets] + (["perturbed - test"] if any(s.prefix == PERTURBED for s in sets) else [])
-    lines = [f"Task 2 analyses ({macro}, 95% CI, bootstrap within source):", "",
+    how = "" if pooled == UNSEEN_POOLED["within_source"] else f", the pooled test {pooled}"
+    lines = [f"Task 2 analyses ({macro}, 95% CI, bootstrap within source{how}):", "",
              "| scope | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]  # fmt: skip
-    for label, suffix in _scope_rows(metrics, TEST, internal)[:3]:
+    for label, suffix in _scope_rows(metrics, TEST, internal, pooled)[:3]:
         cells = [_cell(metrics, f"{s.prefix}{suffix}/{macro}") for s in sets]
         if len(header) > len(sets):
             delta = metrics.get(f"{PERTURBED}{suffix}/delta/{macro}")
@@ -308,13 +337,13 @@ def analyses_table(metrics: dict[str, float], internal: str | None, macro: str =
 
 
 def summary_table(metrics: dict[str, float], unseen: list[str], internal: str | None, transfer: str | None = None,
-                  heldout: HeldoutDraw | None = None) -> str:  # fmt: skip
+                  heldout: HeldoutDraw | None = None, pooled: str = UNSEEN_POOLED["within_source"]) -> str:  # fmt: skip
     """Markdown: mAP and mAUROC with CIs on the pooled, internal and external tests and per centre, against the
     random-score baseline; then the Task 2 analyses (:func:`analyses_table`) and what the held-out draw is."""
     chosen = f" (transfer: {transfer})" if transfer else ""
     lines = [f"Unseen classes (zero-shot): {', '.join(unseen)}{chosen}", "",
              "| test set | mAP | mAUROC | random mAP | random mAUROC |", "|---|---|---|---|---|"]  # fmt: skip
-    for label, suffix in _scope_rows(metrics, TEST, internal):
+    for label, suffix in _scope_rows(metrics, TEST, internal, pooled):
         cells = [
             _cell(metrics, f"{prefix}{suffix}/{m}") for prefix in (TEST, f"{TEST}_random") for m in ("mAP", "mAUROC")
         ]
@@ -322,7 +351,7 @@ def summary_table(metrics: dict[str, float], unseen: list[str], internal: str | 
     per_class = [f"{n}: AP {metrics.get(f'{TEST}/ap/{n}', float('nan')):.3f}, "
                  f"AUROC {metrics.get(f'{TEST}/auroc/{n}', float('nan')):.3f}" for n in unseen]  # fmt: skip
     lines += ["", "Per class: " + "; ".join(per_class), ""]
-    analyses = analyses_table(metrics, internal)
+    analyses = analyses_table(metrics, internal, pooled=pooled)
     if analyses:
         lines += [*analyses, ""]
     if heldout is not None and f"{HELDOUT}/mAP" in metrics:

@@ -249,6 +249,16 @@ class CXRDataModule(L.LightningDataModule):
         """Manifest rows of a split, cut like its dataset, for writing predictions."""
         return self.manifest.split(split).iloc[: len(self.datasets[split])]
 
+    def released_targets(self, split: str) -> np.ndarray:
+        """``(N, C)`` targets of a split as the manifest holds them, cut like its dataset (-1 = not labelled).
+
+        The dataset's own targets are what training learns from, which on the train split differ from the release:
+        ``Normal`` of a row without any positive label is masked (docs/rules.md §12). Anything that scores rows of
+        the train split against the truth (the held-out subset) must read the release's labels, as the organisers'
+        scorer would, or those rows count as unlabelled.
+        """
+        return self.manifest.targets(split)[: len(self.datasets[split])]
+
     def unseen_test_targets(self, unseen: Sequence[str]) -> np.ndarray:
         """``(N, U)`` test targets of a zero-shot task's unseen classes, aligned with the test split (-1 = missing).
 
