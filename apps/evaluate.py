@@ -59,10 +59,12 @@ def main(cfg: DictConfig) -> None:
     reference = str(cfg.run)  # `run=???` (no RUN given) is refused here, before MLflow is imported
     client = existing_store_client(resolve_tracking_uri(cfg.get("tracking_uri")))  # a missing store is not created
     finished_run(reference, client)  # an unknown or unfinished run, before the model stack is imported
+    from evaluation.conventions import Conventions, terminal_lines
     from evaluation.report import summary_lines
 
     metrics = evaluate_run(reference, cfg.evaluation, cfg.tta, client)
-    log.info("run %s re-evaluated:\n  %s", reference, "\n  ".join(summary_lines(metrics, metrics)))
+    lines = summary_lines(metrics, metrics) + terminal_lines(Conventions.from_config(cfg.evaluation), metrics)
+    log.info("run %s re-evaluated:\n  %s", reference, "\n  ".join(lines))
 
 
 if __name__ == "__main__":

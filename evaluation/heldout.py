@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evaluation.conventions import Conventions, alternative_metrics
 from evaluation.evaluate import MACROS, Evaluation, MetricSet, _prefixed
 from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.report import TRAINED_ON_CAVEAT
@@ -49,6 +50,8 @@ class HeldoutDraw:
         available: how many images the split had (after any ``data.subset`` cut).
         rows: positions of the drawn cases in the split's dataset, in sorted-image-id order.
         image_ids: their image ids, same order.
+        released_differs: drawn rows whose labels as released (what they are scored on) differ from the targets
+            training used (``Normal`` masked on a row without a finding, docs/rules.md §12).
     """
 
     split: str
@@ -57,6 +60,7 @@ class HeldoutDraw:
     available: int
     rows: np.ndarray
     image_ids: tuple[str, ...]
+    released_differs: int = 0
 
     @property
     def trained_on(self) -> bool:
@@ -77,13 +81,16 @@ class HeldoutDraw:
         text = f"{len(self.image_ids)} cases of the {self.split} split (seed {self.seed})"
         if len(self.image_ids) < self.requested:
             text += f"; the split has only {self.available} images, fewer than the {self.requested} asked for: all used"
+        if self.released_differs:
+            text += (f"; scored on the labels as released: {self.released_differs} of them have no finding and keep "
+                     "their released Normal, which training masks")  # fmt: skip
         return text + (f"; {self.caveat}" if with_caveat and self.caveat else "")
 
     def record(self) -> dict:
         """The JSON artifact: enough to redraw or audit the subset."""
         return {"split": self.split, "seed": self.seed, "requested": self.requested, "available": self.available,
                 "drawn": len(self.image_ids), "trained_on": self.trained_on, "caveat": self.caveat,
-                "image_ids": list(self.image_ids)}  # fmt: skip
+                "released_labels_differ": self.released_differs, "image_ids": list(self.image_ids)}  # fmt: skip
 
 
 @dataclass
@@ -117,9 +124,10 @@ def draw_rows(image_ids: Sequence[str], size: int, seed: int) -> np.ndarray:
 def evaluate_heldout(model, datamodule, cfg, evaluation: Evaluation) -> HeldoutSet | None:
     """Draw the configured subset and judge ``model`` on it with the test protocol; None when switched off.
 
-    Same suite, resamples, seed, fixed threshold and head-to-tail groups as ``test/``, logged like ``test_tta/``:
-    macros with CIs and groups, per-class AP in the per-class table. Per source (bootstrap within each centre) when
-    the subset mixes centres, as ``test/source/`` does.
+    Same suite, conventions, resamples, seed, fixed threshold and head-to-tail groups as ``test/``, logged like
+    ``test_tta/``: macros with CIs and groups, per-class AP in the per-class table. Per source (bootstrap within each
+    centre) when the subset mixes centres, as ``test/source/`` does. The cases are scored on the labels as released
+    (``datamodule.released_targets``), as a test case is, not on the training targets a train-split case carries.
     """
     spec = cfg.evaluation.get("heldout")
     if spec is None or not spec.get("enabled", False):
@@ -131,20 +139,20 @@ def evaluate_heldout(model, datamodule, cfg, evaluation: Evaluation) -> HeldoutS
         )
     frame = datamodule.split_frame(split).reset_index(drop=True)
     rows = draw_rows(frame["image_id"], int(spec.size), int(spec.seed))
-    draw = HeldoutDraw(split, int(spec.seed), int(spec.size), len(frame), rows,
-                       tuple(str(i) for i in frame["image_id"].iloc[rows]))  # fmt: skip
     dataset = datamodule.datasets[split]
+    targets = datamodule.released_targets(split)[rows]  # (n, C)
+    differs = int((targets != dataset.targets.numpy()[rows]).any(axis=1).sum())
+    draw = HeldoutDraw(split, int(spec.seed), int(spec.size), len(frame), rows,
+                       tuple(str(i) for i in frame["image_id"].iloc[rows]), released_differs=differs)  # fmt: skip
     images = np.stack([dataset.image(int(i)) for i in rows])  # un-augmented, whatever the split's transform
     probs = TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(model, images)
-    targets = dataset.targets.numpy()[rows]
-    suite = dict(
-        labels=evaluation.labels,
-        n_boot=cfg.evaluation.n_boot,
-        seed=cfg.evaluation.seed,
-        threshold=cfg.evaluation.threshold,
-    )
+    conventions = Conventions.from_config(cfg.evaluation)
+    suite = dict(labels=evaluation.labels, n_boot=cfg.evaluation.n_boot, seed=cfg.evaluation.seed,
+                 **conventions.suite_kwargs())  # fmt: skip
     result = compute_suite(targets, probs, class_groups=evaluation.groups, **suite)
     metrics = _prefixed(PREFIX, result.metrics, macros_only=True)
+    other = alternative_metrics(targets, probs, evaluation.labels, conventions, suite["n_boot"], suite["seed"])
+    metrics.update({f"{PREFIX}/{key}": value for key, value in other.items()})
     metrics[f"{PREFIX}/n_images"] = float(len(rows))
     metrics[f"{PREFIX}/trained_on"] = float(draw.trained_on)
     subset = frame.iloc[rows].reset_index(drop=True)
@@ -161,7 +169,7 @@ def predictions_frame(heldout: HeldoutSet, datamodule, labels: Sequence[str]) ->
     draw = heldout.draw
     rows = datamodule.split_frame(draw.split).reset_index(drop=True).iloc[draw.rows].reset_index(drop=True)
     meta = rows[[c for c in (ID_COLUMN, "patient_id", "source", "view") if c in rows]]
-    truth = datamodule.datasets[draw.split].targets.numpy()[draw.rows].astype(int)
+    truth = datamodule.released_targets(draw.split)[draw.rows].astype(int)
     return pd.concat([meta, pd.DataFrame(heldout.probs, columns=list(labels)),
                       pd.DataFrame(truth, columns=[TRUE_PREFIX + n for n in labels])], axis=1)  # fmt: skip
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from markdown_it import MarkdownIt
 
+from evaluation.conventions import choices_section, headline_notes, of_evaluation
 from evaluation.groups import GROUPS
 from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.metric_registry import SUITE, UNSEEN_SCOPES, UNSEEN_SETS
@@ -226,6 +227,7 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     notes = [f"{note}." for note in left_out_notes(evaluation)] + interval_notes(evaluation)
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
+    lines += headline_notes(evaluation)  # the platform's readings of the figures above, and their alternatives
     lines += _calibration_section(evaluation)
     lines += _heldout_section(evaluation)
     lines += _unseen_section(evaluation)
@@ -252,7 +254,7 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         "",
         "## Per class (test)",
         "",
-        "| class | train prevalence | AP | AUROC | F1@0.5 | ECE |",
+        f"| class | train prevalence | AP | AUROC | F1 ({of_evaluation(evaluation).threshold_text}) | ECE |",
         "|---|---|---|---|---|---|",
     ]
     titles = getattr(evaluation, "label_titles", None) or {}
@@ -260,6 +262,7 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
         cells = [f"{m[k]:.4f}" if k in m else "-" for k in (f"test/{x}/{name}" for x in ("ap", "auroc", "f1", "ece"))]
         shown = f"{name} ({titles[name]})" if name in titles else name
         lines.append(f"| {shown} | {evaluation.train_prevalence[c]:.3%} | " + " | ".join(cells) + " |")
+    lines += choices_section(evaluation)
     if plots:
         lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path.write_text("\n".join(lines) + "\n")

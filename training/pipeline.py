@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from evaluation.conventions import terminal_lines
 from evaluation.report import summary_lines
 from evaluation.test_phase import run_test_phase
 from training.checkpoint_io import AtomicCheckpointIO
@@ -230,5 +231,6 @@ def _test(
         AtomicCheckpointIO().save_checkpoint(state, best)
     session.log_artifact(best, "checkpoints")
     lines = summary_lines(evaluation.metrics, unseen.metrics if unseen else None)
+    lines += terminal_lines(evaluation.conventions, {**evaluation.metrics, **(unseen.metrics if unseen else {})})
     lines.append(f"report: {session.artifact_uri}/evaluation/report.html")
     log.info("run %s, best epoch %d:\n  %s", session.run_id, state["epoch"], "\n  ".join(lines))
