@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--experiment", default=None, help="look grid tags up in this experiment only")
     parser.add_argument("--grid", default=None, help="a cxrlt.grid tag: its mean ± std table, then the comparison")
     parser.add_argument("--by", default="loss.name", help="param that splits a grid into entries (loss.name)")
+    parser.add_argument("--split", default=None, help="the stored predictions compared, predictions/<split>.csv "
+                        "(default: the task's headline set, test; test_unseen for Task 2)")  # fmt: skip
     parser.add_argument("--n-boot", type=int, default=Settings.n_boot, help="shared resamples (default %(default)s)")
     parser.add_argument("--seed", type=int, default=Settings.seed, help="resampling seed (default %(default)s)")
     parser.add_argument("--alpha", type=float, default=Settings.alpha, help="family-wise level (default %(default)s)")
@@ -48,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(table.to_string(index=False))
         settings = Settings(n_boot=args.n_boot, seed=args.seed, alpha=args.alpha)
         comparison, task, run_id = run_comparison(client, uri, references, args.by, args.experiment, settings,
-                                            log=not args.no_log, out=args.out)  # fmt: skip
+                                            log=not args.no_log, out=args.out, split=args.split)  # fmt: skip
     print(f"\npaired bootstrap, {settings.n_boot} shared resamples, {comparison.strata}; p {CORRECTION}-adjusted, "
           f"significant below {settings.alpha}\n")  # fmt: skip
     print(comparison.verdict_table().to_string(index=False))

@@ -58,12 +58,14 @@ def evaluate_run(
 def main(cfg: DictConfig) -> None:
     reference = str(cfg.run)  # `run=???` (no RUN given) is refused here, before MLflow is imported
     client = existing_store_client(resolve_tracking_uri(cfg.get("tracking_uri")))  # a missing store is not created
-    finished_run(reference, client)  # an unknown or unfinished run, before the model stack is imported
+    run, _ = finished_run(reference, client)  # an unknown or unfinished run, before the model stack is imported
     from evaluation.conventions import Conventions, terminal_lines
+    from evaluation.headline import logged_headline
     from evaluation.report import summary_lines
 
     metrics = evaluate_run(reference, cfg.evaluation, cfg.tta, client)
-    lines = summary_lines(metrics, metrics) + terminal_lines(Conventions.from_config(cfg.evaluation), metrics)
+    lines = summary_lines(metrics, metrics, logged_headline(run.data.params))
+    lines += terminal_lines(Conventions.from_config(cfg.evaluation), metrics)
     log.info("run %s re-evaluated:\n  %s", reference, "\n  ".join(lines))
 
 

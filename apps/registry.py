@@ -3,8 +3,10 @@
 Ranking. Runs are ordered by ``--metric`` (default: the task's ``selection_metric`` from
 ``configs/task/<task>.yaml``, the one its checkpoints were kept by, e.g. ``val/mAP`` for Task 1 and
 ``val/proxy_ood_mAP`` for the zero-shot Task 2; always on validation, so the test set stays a test), then by the
-challenge's own order as tie-breaks (``evaluation.metric_registry``): ``test/mAP``, ``test/mAUROC``, ``test/mF1``,
-``test/mECE`` (lower is better), ``test/mPrecision``, ``test/mRecall``, then the earlier run. For a per-epoch
+challenge's own order as tie-breaks (``evaluation.metric_registry``) on the test set of the classes the task is
+ranked on (its ``headline``, :mod:`evaluation.headline`): ``test/mAP``, ``test/mAUROC``, ``test/mF1``,
+``test/mECE`` (lower is better), ``test/mPrecision``, ``test/mRecall`` (Task 2: ``test_unseen/...``, its six unseen
+findings), then the earlier run. For a per-epoch
 metric the value of the kept checkpoint (``<metric>_best``, logged by the pipeline) is used when the run has it,
 otherwise the last logged value. Runs without the metric, unfinished runs (pruned trials are KILLED) and study
 parent runs are never candidates.
@@ -38,6 +40,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
+from evaluation.headline import DEFAULT, Headline, headline_of
 from evaluation.metric_registry import SUITE
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
@@ -54,10 +57,9 @@ TASK_CONFIGS = CONFIGS / "task"
 #: Metric sets of the default evaluation that a tuning trial skips; a champion without them is evaluated first.
 FULL_EVALUATION_KEYS = ("test_tta/mAP", "test_perturbed/mAP")
 FALLBACK_METRIC = "val/mAP"  # for an experiment that is not a task of configs/task/
-#: Challenge tie-breaks after the chosen metric: (metric key, larger is better), the metric registry's chain on test.
-TIE_BREAKS: tuple[tuple[str, bool], ...] = tuple(
-    (f"test/{m.name}", m.higher_is_better) for m in SUITE.tie_break_chain()
-)
+#: Challenge tie-breaks after the chosen metric: (metric key, larger is better), the metric registry's chain on test
+#: (a task ranked on other classes ties on its headline's test set instead: :func:`task_headline`).
+TIE_BREAKS: tuple[tuple[str, bool], ...] = DEFAULT.tie_breaks()
 #: Metric names (last path part, before any ``_best``) where lower is better; everything else is maximised. The
 #: registry's lower-is-better metrics, plus the training loss, which is no evaluation metric.
 LOWER_IS_BETTER = SUITE.lower_is_better() | {"loss"}
@@ -84,6 +86,12 @@ def selection_metric(task: str) -> str:
     return str(OmegaConf.load(path).get("selection_metric", FALLBACK_METRIC))
 
 
+def task_headline(task: str) -> Headline:
+    """The classes ``task``'s runs are ranked on, from the same file: their test set breaks ties."""
+    path = TASK_CONFIGS / f"{task}.yaml"
+    return headline_of(OmegaConf.load(path)) if path.is_file() else DEFAULT
+
+
 def larger_is_better(metric: str) -> bool:
     return metric.rsplit("/", 1)[-1].removesuffix("_best") not in LOWER_IS_BETTER
 
@@ -105,9 +113,10 @@ class Candidate:
         return float(value)
 
 
-def rank(candidates: Iterable[Candidate], metric: str) -> list[Candidate]:
-    """Best first: ``metric``, then :data:`TIE_BREAKS` (missing values last), then the earlier run."""
-    keys = [(metric, larger_is_better(metric))] + [(k, up) for k, up in TIE_BREAKS if k != metric]
+def rank(candidates: Iterable[Candidate], metric: str,
+         tie_breaks: Sequence[tuple[str, bool]] = TIE_BREAKS) -> list[Candidate]:  # fmt: skip
+    """Best first: ``metric``, then ``tie_breaks`` (missing values last), then the earlier run."""
+    keys = [(metric, larger_is_better(metric))] + [(k, up) for k, up in tie_breaks if k != metric]
 
     def sort_key(candidate: Candidate) -> tuple:
         parts = []
@@ -141,14 +150,21 @@ class Ranking:
     chosen_by: str  # why this group: asked, the champion's, the newest run's
     ranked: list[Candidate]
     excluded: dict[str, list[str]] = field(default_factory=dict)  # reason -> run ids
+    headline: Headline = DEFAULT  # the classes the task is ranked on: their test set breaks ties
 
     def lines(self) -> list[str]:
-        """What ``make register`` prints: the metric, the ranked candidates with values, the excluded by reason."""
+        """What ``make register`` prints: the metric, the tie-breaks, the ranked candidates with values, the
+        excluded by reason."""
         direction = "higher" if larger_is_better(self.metric) else "lower"
         out = [f"ranking {len(self.ranked)} comparable run(s) by {self.metric} ({direction} is better; the kept "
                f"checkpoint's {self.metric}_best where logged), validation set {self.val_set} ({self.chosen_by}):"]  # fmt: skip
         if not self.ranked:
             out = [f"no comparable run to rank by {self.metric}"]
+        else:
+            chain = [(key, up) for key, up in self.headline.tie_breaks() if key != self.metric]
+            ties = [key + ("" if up else " (lower wins)") for key, up in chain]
+            which = f" ({self.headline.title})" if self.headline.title else ""
+            out.append(f"  ties broken by the ranking chain on test{which}: {', '.join(ties)}, then the earlier run")
         for place, candidate in enumerate(self.ranked[:SHOWN], 1):
             out.append(f"  {place:>2}. {candidate.run_id}  {candidate.value(self.metric):.4f}  {candidate.name}")
         if len(self.ranked) > SHOWN:
@@ -203,8 +219,9 @@ def comparable(client: MlflowClient, experiment: str, task: str, metric: str, in
     for candidate in pool:
         if candidate.val_set != val_set:
             leave_out(OTHER_VAL_SET, candidate.run_id)
-    ranked = rank([c for c in pool if c.val_set == val_set], metric)
-    return Ranking(metric, val_set, chosen_by, ranked, excluded)
+    headline = task_headline(task)
+    ranked = rank([c for c in pool if c.val_set == val_set], metric, headline.tie_breaks())
+    return Ranking(metric, val_set, chosen_by, ranked, excluded, headline)
 
 
 def _default_group(client: MlflowClient, task: str, pool: list[Candidate]) -> tuple[str | None, str]:

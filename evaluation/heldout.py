@@ -27,6 +27,7 @@ import pandas as pd
 
 from evaluation.conventions import Conventions, alternative_metrics
 from evaluation.evaluate import MACROS, Evaluation, MetricSet, _prefixed
+from evaluation.metrics import prevalence_baseline_map
 from evaluation.prediction_columns import ID_COLUMN, TRUE_PREFIX
 from evaluation.report import TRAINED_ON_CAVEAT
 from evaluation.suite import compute_suite
@@ -47,9 +48,12 @@ class HeldoutDraw:
         split: the manifest split the cases come from.
         seed: the seed of the draw.
         requested: the configured size.
-        available: how many images the split had (after any ``data.subset`` cut).
+        available: how many images the draw was taken among (the split after any ``data.subset`` cut, or its
+            ``pool``).
         rows: positions of the drawn cases in the split's dataset, in sorted-image-id order.
         image_ids: their image ids, same order.
+        pool: which of the split's rows the draw was taken among, where not all (``rows labelled for an unseen
+            class``); empty for all of them.
         released_differs: drawn rows whose labels as released (what they are scored on) differ from the targets
             training used (``Normal`` masked on a row without a finding, docs/rules.md §12).
     """
@@ -60,6 +64,7 @@ class HeldoutDraw:
     available: int
     rows: np.ndarray
     image_ids: tuple[str, ...]
+    pool: str = ""
     released_differs: int = 0
 
     @property
@@ -77,10 +82,12 @@ class HeldoutDraw:
         return None
 
     def describe(self, with_caveat: bool = True) -> str:
-        """One sentence: size, split and seed, whether the split fell short of the size, and the caveat."""
-        text = f"{len(self.image_ids)} cases of the {self.split} split (seed {self.seed})"
+        """One sentence: size, split (and pool) and seed, whether it fell short of the size, and the caveat."""
+        among = f", drawn among its {self.available} {self.pool}" if self.pool else ""
+        text = f"{len(self.image_ids)} cases of the {self.split} split{among} (seed {self.seed})"
         if len(self.image_ids) < self.requested:
-            text += f"; the split has only {self.available} images, fewer than the {self.requested} asked for: all used"
+            held = self.pool or "images"
+            text += f"; the split has only {self.available} {held}, fewer than the {self.requested} asked for: all used"
         if self.released_differs:
             text += (f"; scored on the labels as released: {self.released_differs} of them have no finding and keep "
                      "their released Normal, which training masks")  # fmt: skip
@@ -89,8 +96,9 @@ class HeldoutDraw:
     def record(self) -> dict:
         """The JSON artifact: enough to redraw or audit the subset."""
         return {"split": self.split, "seed": self.seed, "requested": self.requested, "available": self.available,
-                "drawn": len(self.image_ids), "trained_on": self.trained_on, "caveat": self.caveat,
-                "released_labels_differ": self.released_differs, "image_ids": list(self.image_ids)}  # fmt: skip
+                "drawn": len(self.image_ids), "drawn_among": self.pool or "every row of the split",
+                "trained_on": self.trained_on, "caveat": self.caveat, "released_labels_differ": self.released_differs,
+                "image_ids": list(self.image_ids)}  # fmt: skip
 
 
 @dataclass
@@ -153,6 +161,7 @@ def evaluate_heldout(model, datamodule, cfg, evaluation: Evaluation) -> HeldoutS
     metrics = _prefixed(PREFIX, result.metrics, macros_only=True)
     other = alternative_metrics(targets, probs, evaluation.labels, conventions, suite["n_boot"], suite["seed"])
     metrics.update({f"{PREFIX}/{key}": value for key, value in other.items()})
+    metrics[f"{PREFIX}/prevalence_baseline_mAP"] = prevalence_baseline_map(targets)  # the card's floor of this row
     metrics[f"{PREFIX}/n_images"] = float(len(rows))
     metrics[f"{PREFIX}/trained_on"] = float(draw.trained_on)
     subset = frame.iloc[rows].reset_index(drop=True)
@@ -193,6 +202,8 @@ def tags(draw: HeldoutDraw) -> dict[str, str]:
 
 #: The record of Task 2's draw scored on the unseen classes (``heldout_unseen/...``, docs/zero-shot.md).
 UNSEEN_ARTIFACT = "evaluation/heldout_unseen.json"
+#: Which rows Task 2's draw is taken among (``HeldoutDraw.pool``).
+UNSEEN_POOL = "rows labelled for an unseen class"
 
 
 @dataclass
@@ -217,14 +228,20 @@ def draw_unseen(scorer, datamodule, cfg, unseen: Sequence[str]) -> UnseenHeldout
 
     The organisers scored Task 2's stability draw (200 of the development set) on the six unseen findings, so the
     draw is taken from the full manifest's split (``datamodule.unseen_split``): a training rule that sets images
-    aside from training and validation must not take them out of an evaluation. None when the subset is switched
-    off.
+    aside from training and validation must not take them out of an evaluation. And only among the split's rows
+    that carry a label of an unseen class: Task 2's development set is the images labelled for those findings, and
+    a row without any such label adds nothing to the figures but takes a place among the 200 (a release whose
+    training rows carry only the seen labels would otherwise draw 200 unlabelled cases). None when the subset is
+    switched off.
 
     Args:
         scorer: maps ``(B, 1, H, W)`` images to the ``(B, U)`` unseen logits (``evaluation.unseen.UnseenScorer``).
         datamodule: the run's data module (``unseen_split``, ``batch_size``).
         cfg: the run's config (``evaluation.heldout``).
         unseen: the unseen class names, the target columns.
+
+    Raises:
+        ValueError: the full manifest has no row of the split, or none of its rows carries an unseen-class label.
     """
     spec = cfg.evaluation.get("heldout")
     if spec is None or not spec.get("enabled", False):
@@ -233,9 +250,14 @@ def draw_unseen(scorer, datamodule, cfg, unseen: Sequence[str]) -> UnseenHeldout
     frame, targets, dataset = datamodule.unseen_split(list(unseen), split)
     if len(frame) == 0:
         raise ValueError(f"evaluation.heldout.split={split!r}: the full manifest has no {split} rows")
-    rows = draw_rows(frame[ID_COLUMN], int(spec.size), int(spec.seed))
-    draw = HeldoutDraw(split, int(spec.seed), int(spec.size), len(frame), rows,
-                       tuple(str(i) for i in frame[ID_COLUMN].iloc[rows]))  # fmt: skip
+    labelled = np.flatnonzero((np.asarray(targets) >= 0).any(axis=1))  # (n,) rows with an unseen-class label
+    if len(labelled) == 0:
+        raise ValueError(f"evaluation.heldout.split={split!r}: none of the full manifest's {len(frame)} {split} rows "
+                         f"has a label for an unseen class ({', '.join(unseen)}), so there is no development set "
+                         "to draw from")  # fmt: skip
+    rows = labelled[draw_rows(frame[ID_COLUMN].iloc[labelled], int(spec.size), int(spec.seed))]
+    draw = HeldoutDraw(split, int(spec.seed), int(spec.size), len(labelled), rows,
+                       tuple(str(i) for i in frame[ID_COLUMN].iloc[rows]), UNSEEN_POOL)  # fmt: skip
     images = np.stack([dataset.image(int(i)) for i in rows])  # (n, H, W) uint8, un-augmented
     probs = TTAPredictor(["identity"], batch_size=datamodule.batch_size).predict(scorer, images)  # (n, U)
     return UnseenHeldout(draw, frame.iloc[rows].reset_index(drop=True), np.asarray(targets)[rows], probs)

@@ -16,6 +16,8 @@ from markdown_it import MarkdownIt
 
 from evaluation.conventions import choices_section, headline_notes, of_evaluation
 from evaluation.groups import GROUPS
+from evaluation.headline import DEFAULT as DEFAULT_HEADLINE
+from evaluation.headline import Headline
 from evaluation.intervals import CI_RULE, left_out_note
 from evaluation.metric_registry import SUITE, UNSEEN_SCOPES, UNSEEN_SETS
 from evaluation.suite import DROPPED_SUFFIX
@@ -98,36 +100,64 @@ def left_out_notes(evaluation) -> list[str]:
     return notes
 
 
-def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = None) -> list[str]:
-    """The few numbers a user wants in the terminal when a run ends: the test set's whole ranking chain with
-    intervals, groups, TTA, perturbed, the held-out subset and the unseen classes of a zero-shot run."""
-    lines = [f"test ({chain_header()}): {chain_summary(metrics, 'test')}"
-             + f" (prevalence baseline mAP {metrics.get('test/prevalence_baseline_mAP', float('nan')):.3f})"]  # fmt: skip
-    if any(f"test/{name}_ci_low" in metrics for name in ranking_chain()):  # what the brackets mean, where shown
+def summary_lines(metrics: dict[str, float], unseen: dict[str, float] | None = None,
+                  headline: Headline = DEFAULT_HEADLINE) -> list[str]:  # fmt: skip
+    """The few numbers a user wants in the terminal when a run ends: the whole ranking chain with intervals of the
+    test set the task is ranked on (``headline``), then groups, TTA, perturbed, the held-out subset and the unseen
+    classes of a zero-shot run. Task 2 is ranked on its unseen classes, so it leads with them and its seen-class
+    figures follow under the headline's ``others`` title: a first line is what a reader sets beside a leaderboard."""
+    unseen = unseen or {}
+    both = {**metrics, **unseen}
+    lead = headline.prefix
+    lines = [_test_line(both, lead, headline.name("test"))]
+    if any(f"{lead}/{name}_ci_low" in both for name in ranking_chain()):  # what the brackets mean, where shown
         lines.append(CI_RULE)
-    note = left_out_note(metrics, "test")
+    note = left_out_note(both, lead)
     if note:
         lines.append(note)
+    seen, zero_shot = _seen_lines(metrics, headline), _unseen_block(unseen, headline)
+    return lines + (seen + zero_shot if headline.ranks("test") else zero_shot + seen)
+
+
+def _test_line(metrics: dict[str, float], prefix: str, title: str) -> str:
+    """``title (ranking chain; ...): mAP ... (prevalence baseline mAP ...)`` of one test set."""
+    baseline = metrics.get(f"{prefix}/prevalence_baseline_mAP", float("nan"))
+    return f"{title} ({chain_header()}): {chain_summary(metrics, prefix)} (prevalence baseline mAP {baseline:.3f})"
+
+
+def _seen_lines(metrics: dict[str, float], headline: Headline) -> list[str]:
+    """The seen classes' lines after the headline, each titled as a figure the task is not ranked on where so."""
+    ranked = headline.ranks("test")
+
+    def say(text: str) -> str:
+        return text if ranked else headline.other(text)
+
+    lines = [] if ranked or "test/mAP" not in metrics else [_test_line(metrics, "test", say("test"))]
     groups = [f"{g} {metrics[f'test/group/{g}/mAP']:.3f}" for g in GROUPS if f"test/group/{g}/mAP" in metrics]
     if groups:
-        lines.append("mAP by group: " + " / ".join(groups))
+        lines.append(f"{say('mAP by group')}: " + " / ".join(groups))
     if "test_tta/mAP" in metrics:
-        lines.append(f"mAP with TTA: {_ci3(metrics, 'test_tta/mAP')}")
+        lines.append(f"{say('mAP with TTA')}: {_ci3(metrics, 'test_tta/mAP')}")
     if "test_perturbed/mAP" in metrics:
-        lines.append(
-            f"mAP perturbed: {_ci3(metrics, 'test_perturbed/mAP')} ({metrics['test_perturbed/delta/mAP']:+.3f})"
-        )
+        lines.append(f"{say('mAP perturbed')}: {_ci3(metrics, 'test_perturbed/mAP')} "
+                     f"({metrics['test_perturbed/delta/mAP']:+.3f})")  # fmt: skip
     if "test/calibration/mECE_before" in metrics and "test/calibration/mECE_after" in metrics:
         how = "applied" if metrics.get("calibration/applied") == 1 else "off, diagnostic fit"
         before, after = metrics["test/calibration/mECE_before"], metrics["test/calibration/mECE_after"]
-        lines.append(f"test mECE before/after temperature scaling ({how}): {before:.3f} -> {after:.3f}")
+        lines.append(f"{say('test mECE')} before/after temperature scaling ({how}): {before:.3f} -> {after:.3f}")
     if "heldout/mAP" in metrics:
         seen = f"; {TRAINED_ON_CAVEAT}" if metrics.get("heldout/trained_on") == 1 else ""
-        lines.append(f"held-out subset ({int(metrics.get('heldout/n_images', 0))} cases{seen}): "
+        lines.append(f"{say('held-out subset')} ({int(metrics.get('heldout/n_images', 0))} cases{seen}): "
                      + chain_summary(metrics, "heldout"))  # fmt: skip
-    if unseen and "test_unseen/mAP" in unseen:
+    return lines
+
+
+def _unseen_block(unseen: dict[str, float], headline: Headline) -> list[str]:
+    """A zero-shot run's unseen-class lines: their chain (unless it is the headline already), then each analysis."""
+    lines = []
+    if "test_unseen/mAP" in unseen and not headline.ranks("test_unseen"):
         lines.append(f"unseen classes: {chain_summary(unseen, 'test_unseen')}")
-    return lines + (unseen_lines(unseen) if unseen else [])
+    return lines + unseen_lines(unseen)
 
 
 def unseen_lines(metrics: dict[str, float]) -> list[str]:
@@ -159,7 +189,9 @@ def _heldout_section(evaluation) -> list[str]:
     draw = getattr(evaluation.sets.get("heldout"), "draw", None)
     if draw is None:
         return []
-    lines = ["", "## Held-out stability subset", "",
+    headline = getattr(evaluation, "headline", DEFAULT_HEADLINE)
+    title = "" if headline.ranks("heldout") or not headline.others else f", {headline.others}"
+    lines = ["", f"## Held-out stability subset{title}", "",
              f"Column `heldout`: {draw.describe(with_caveat=False)}. The same protocol as `test` (metric suite, "
              "bootstrap, groups); the drawn image ids are in `evaluation/heldout.json`."]  # fmt: skip
     if draw.caveat:
@@ -204,6 +236,16 @@ def _calibration_section(evaluation) -> list[str]:
     return lines
 
 
+def _chain_table(metrics: dict[str, float], sets: list[str]) -> list[str]:
+    """The ranking chain, then the unranked headline metrics, one column per metric set."""
+    chain = ranking_chain()
+    lines = ["| rank | metric | " + " | ".join(sets) + " |", "|---" * (len(sets) + 2) + "|"]
+    for metric in headline_rows():
+        rank = str(chain.index(metric) + 1) if metric in chain else "-"
+        lines.append(f"| {rank} | {metric} | " + " | ".join(_ci(metrics, f"{s}/{metric}") for s in sets) + " |")
+    return lines
+
+
 def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     """Headline metrics per metric set, head-to-tail groups, per source, per class; figures linked."""
     m = evaluation.metrics
@@ -212,16 +254,28 @@ def write_report(evaluation, path: Path, plots: list[Path]) -> Path:
     n_boot = getattr(evaluation.sets["test"].result, "n_boot", 0) if "test" in evaluation.sets else 0
     lines += [f"Test images: {len(evaluation.predictions['test'])}. Values are point estimates; {CI_RULE}, "
               f"{n_boot} resamples here.", ""]  # fmt: skip
-    baseline = m.get("test/prevalence_baseline_mAP")
+    headline = getattr(evaluation, "headline", DEFAULT_HEADLINE)
+    unseen = getattr(evaluation, "unseen", None)
+    both = {**m, **(unseen.metrics if unseen is not None else {})}
+    of = f" of the {headline.title}" if headline.title else ""
+    baseline = both.get(f"{headline.prefix}/prevalence_baseline_mAP")
     if baseline is not None:
-        lines += [f"Prevalence baseline (constant predictor) mAP: {baseline:.4f}.", ""]
+        lines += [f"Prevalence baseline (constant predictor) mAP{of}: {baseline:.4f}.", ""]
     chain = ranking_chain()
-    lines += ["## Headline", "", f"The challenge's ranking chain: {chain_rule()} (docs/rules.md §2). Rank 1-{len(chain)} "
-              "rows are that chain, top-down; unranked rows follow.", "",
-              "| rank | metric | " + " | ".join(sets) + " |", "|---" * (len(sets) + 2) + "|"]  # fmt: skip
-    for metric in headline_rows():
-        rank = str(chain.index(metric) + 1) if metric in chain else "-"
-        lines.append(f"| {rank} | {metric} | " + " | ".join(_ci(m, f"{s}/{metric}") for s in sets) + " |")
+    lines += [f"## Headline{': ' + headline.title if headline.title else ''}", "",
+              f"The challenge's ranking chain{of}: {chain_rule()} (docs/rules.md §2). Rank 1-{len(chain)} rows are "
+              "that chain, top-down; unranked rows follow.", ""]  # fmt: skip
+    if headline.ranks("test"):
+        lines += _chain_table(m, sets)
+    else:  # the ranked classes' own sets, then the seen classes' table under its own title
+        lines += _chain_table(both, [s.prefix for s in headline.sets if f"{s.prefix}/mAP" in both])
+        draw = getattr(unseen, "heldout", None)
+        if draw is not None and f"{headline.heldout}/mAP" in both:
+            lines += ["", f"Column `{headline.heldout}`: {draw.describe()}."]
+        others = headline.others or "classes this task is not ranked on"
+        lines += ["", f"## {others[:1].upper()}{others[1:]}", "",
+                  f"Not what this task is ranked on (the {headline.title} above are); rows in chain order so two runs "
+                  "read alike.", ""] + _chain_table(m, sets)  # fmt: skip
     if "test_perturbed/delta/mAP" in m:
         lines += ["", f"Perturbed minus original mAP: {m['test_perturbed/delta/mAP']:+.4f}."]
     notes = [f"{note}." for note in left_out_notes(evaluation)] + interval_notes(evaluation)

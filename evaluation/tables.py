@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evaluation.headline import FAMILIES, SEEN_SETS, Headline
 from evaluation.metric_registry import SUITE
 
 #: Where the per-class table goes, relative to the run's artifact root.
@@ -103,8 +104,8 @@ def headline_view_tag(
     """The experiment tag of the runs table's *Headline metrics* saved view.
 
     Columns: the selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
-    metric of the challenge's ranking chain in chain order, the perturbed-set mAP and the held-out subset's mAP
-    (docs/rules.md §10: the organisers' stability check); rows sorted by the selection metric, best
+    metric of the challenge's ranking chain in chain order, the mAP of that set's perturbed copy and of its held-out
+    subset (docs/rules.md §10: the organisers' stability check; ``evaluation.headline``); rows sorted by the selection metric, best
     first, as ``make register`` ranks runs (never by a test metric: docs/rules.md §2). Open it from the runs
     table's *Views* button, or with ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``.
 
@@ -115,7 +116,9 @@ def headline_view_tag(
         now_ms: the view's creation time in ms (the UI shows it); the current time when None.
     """
     best = f"{selection_metric}_best"
-    metrics = [best, *(f"{set_prefix}/{m.name}" for m in SUITE.tie_break_chain()), "test_perturbed/mAP", "heldout/mAP"]
+    family = Headline(FAMILIES.get(set_prefix, SEEN_SETS))
+    chain = (f"{set_prefix}/{m.name}" for m in SUITE.tie_break_chain())
+    metrics = [best, *chain, f"{family.perturbed}/mAP", f"{family.heldout}/mAP"]
     columns = ["attributes.`Dataset`", *(f"metrics.`{key}`" for key in metrics)]
     state = {"orderByKey": f"metrics.`{best}`", "orderByAsc": not descending, "selectedColumns": columns}
     created = int(time.time() * 1000) if now_ms is None else now_ms

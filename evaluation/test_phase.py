@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from evaluation.evaluate import Evaluation, evaluate, store
+from evaluation.headline import headline_of
 from evaluation.heldout import ARTIFACT, attach, evaluate_heldout, tags, write_record
 from evaluation.report import interval_notes
 from evaluation.temperature import ARTIFACT as TEMPERATURE_ARTIFACT
@@ -69,6 +70,7 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
     # Before `store`, so report.md carries the Task 2 analyses beside the seen classes (read by evaluation.report).
     unseen = compute_unseen(model, datamodule, cfg)
     evaluation.unseen = unseen
+    evaluation.headline = headline_of(cfg.get("task"))  # which sets report.md leads with (Task 2: the unseen ones)
     with tempfile.TemporaryDirectory() as tmp:
         store(evaluation, sink.log_metrics, sink.log_artifacts, Path(tmp), cfg.evaluation.plots, sink.set_tags)
         if heldout is not None:

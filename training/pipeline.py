@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from evaluation.conventions import terminal_lines
+from evaluation.headline import headline_of
 from evaluation.report import summary_lines
 from evaluation.test_phase import run_test_phase
 from training.checkpoint_io import AtomicCheckpointIO
@@ -230,7 +231,7 @@ def _test(
         state["state_dict"]["logit_temperature"] = model.logit_temperature.detach().cpu().clone()
         AtomicCheckpointIO().save_checkpoint(state, best)
     session.log_artifact(best, "checkpoints")
-    lines = summary_lines(evaluation.metrics, unseen.metrics if unseen else None)
+    lines = summary_lines(evaluation.metrics, unseen.metrics if unseen else None, headline_of(cfg.task))
     lines += terminal_lines(evaluation.conventions, {**evaluation.metrics, **(unseen.metrics if unseen else {})})
     lines.append(f"report: {session.artifact_uri}/evaluation/report.html")
     log.info("run %s, best epoch %d:\n  %s", session.run_id, state["epoch"], "\n  ".join(lines))

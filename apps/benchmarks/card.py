@@ -14,6 +14,8 @@ majority class, chance) is flagged in every rendering: ``below floor: <label>`` 
 ``below_floor`` column of ``card.csv`` and a red row of the HTML. Every headline metric of the card is higher-is-
 better. A CXR-LT row also carries its run's caveats (``run_metrics[].caveats``: a flag the run logged as 1, such as
 ``heldout/trained_on``, and what it means), so the held-out row keeps "the model saw these cases in training".
+The CXR-LT rows of the sets the run's task is ranked on come first (its headline, :mod:`evaluation.headline`: Task 2's
+unseen classes), the others after them, titled as what they are ("seen classes (proxy, not ranked)").
 
 Values read back from a run (its metrics, its labels inside a reason) are untrusted: non-finite numbers are shown
 as ``n/a`` and text is escaped for the markdown and HTML tables (``|``, and ``<`` / ``>``, which a markdown
@@ -35,6 +37,8 @@ from omegaconf.errors import OmegaConfBaseException
 from apps.benchmarks.framework.catalog import CONFIG_DIR, load_protocol
 from apps.benchmarks.framework.encoders import Encoder
 from apps.benchmarks.framework.protocol import BadInput, Protocol
+from evaluation.headline import DEFAULT as DEFAULT_HEADLINE
+from evaluation.headline import Headline
 from evaluation.intervals import CI_RULE, left_out_note
 from training.config_files import config_file
 
@@ -286,12 +290,16 @@ def below(value: float, floors: Mapping[str, float]) -> str:
     return "; ".join(label for label, floor in floors.items() if math.isfinite(floor) and value < floor)
 
 
-def run_metric_rows(specs: tuple[RunMetric, ...], metrics: Mapping[str, float], task: str) -> list[Row]:
-    """The model's own results (the CXR-LT rows) from its run's metrics: a row per spec whose key the run has."""
+def run_metric_rows(specs: tuple[RunMetric, ...], metrics: Mapping[str, float], task: str,
+                    headline: Headline = DEFAULT_HEADLINE) -> list[Row]:  # fmt: skip
+    """The model's own results (the CXR-LT rows) from its run's metrics: a row per spec whose key the run has, those
+    of the ``headline``'s sets first (in card order), then the others titled with its ``others``."""
     rows = []
-    for spec in specs:
+    for spec in sorted(specs, key=lambda spec: not headline.ranks(spec.key.split("/")[0])):
         if spec.key not in metrics:
             continue
+        ranked = headline.ranks(spec.key.split("/")[0])
+        label = spec.label if ranked or not headline.others else f"{spec.label}, {headline.others}"
         floors = {label: _number(metrics.get(key)) for label, key in spec.floor.items()}
         floors = {label: value for label, value in floors.items() if math.isfinite(value)}
         value = _number(metrics[spec.key])
@@ -304,7 +312,7 @@ def run_metric_rows(specs: tuple[RunMetric, ...], metrics: Mapping[str, float], 
             notes.append(left_out)
         if status != "ok":
             notes.insert(0, f"the run logged a non-finite {spec.key}")
-        rows.append(Row(f"CXR-LT {task}", f"the run's {spec.label}", "model", spec.key, value, low, high,
+        rows.append(Row(f"CXR-LT {task}", f"the run's {label}", "model", spec.key, value, low, high,
                         floor_cell(floors), status, "; ".join(notes), below(value, floors)))  # fmt: skip
     return rows
 

@@ -156,6 +156,7 @@ def publish(client: MlflowClient, run_id: str, registered: tuple[str, str] | Non
 
 def run(args: argparse.Namespace) -> None:
     from apps.benchmarks.card import load_card, render_markdown, run_metric_rows
+    from evaluation.headline import logged_headline
     from training.tracking.uri import resolve_tracking_uri, tracking_client
 
     started = time.perf_counter()
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
     run_id = source.info.run_id
     task = str(source.data.params.get("task.name", "?"))
     result = build(card, args.model.strip(), uri, args)
-    result.rows += run_metric_rows(card.run_metrics, source.data.metrics, task)
+    result.rows += run_metric_rows(card.run_metrics, source.data.metrics, task, logged_headline(source.data.params))
     named = "" if args.model.strip() == run_id else f"{args.model.strip()}, "
     title = f"{CARD_TITLE[2:]}{named}run {run_id} (task {task})"
     publish(client, run_id, registered, result, title)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,13 @@ def test_task2_reports_unseen_classes_overall_internal_and_external_with_cis(tas
     assert "training rule (docs/rules.md §11): excluded" in outputs["semantic"]
     assert int(tags["cxrlt.training_rule.excluded.train"]) > 0 and tags["cxrlt.training_rule.checked"] == "true"
     assert "Unseen classes (zero-shot)" in outputs["semantic"]
+    # Task 2 is ranked on its unseen classes: the summary printed when training ends leads with their chain.
+    first = re.search(r"best epoch \d+:\n  (.*)", outputs["semantic"])[1]
+    assert first.startswith("unseen classes, test (ranking chain; lower mECE wins): mAP "), first
+    assert f"mAP {metrics['test_unseen/mAP']:.3f} [{metrics['test_unseen/mAP_ci_low']:.3f}, " in first
+    assert f"mAUROC {metrics['test_unseen/mAUROC']:.3f} [" in first
+    assert f"seen classes (proxy, not ranked), test (ranking chain; lower mECE wins): mAP {metrics['test/mAP']:.3f}" \
+        in outputs["semantic"]  # fmt: skip
 
 
 def test_unseen_predictions_carry_the_true_labels_of_the_full_manifest(task2_runs, tmp_path):
@@ -139,10 +147,19 @@ def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_co
     tmp, client, runs, _ = task2_runs
     run_id = runs["semantic"].info.run_id
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
-    for command in (["apps.registry", "--task", "task2", "--run", run_id],
+    printed = []
+    for command in (["apps.registry", "--task", "task2", "--run", run_id, "--include-debug"],
                     ["apps.submit_cli", "--task", "task2", "--out", str(tmp_path / "task2.csv")]):  # fmt: skip
         done = subprocess.run([sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        printed.append(done.stdout + done.stderr)
+    # `make register TASK=task2` ranks both smoke runs by the unseen classes' proxy, ties on their test chain.
+    ranking = printed[0]
+    assert "ranking 2 comparable run(s) by val/proxy_ood_mAP (higher is better" in ranking
+    assert "ties broken by the ranking chain on test (unseen classes): test_unseen/mAP, test_unseen/mAUROC, " in ranking
+    order = sorted(runs.values(), key=lambda run: -run.data.metrics["val/proxy_ood_mAP_best"])
+    for place, run in enumerate(order, 1):
+        assert f"{place:>4}. {run.info.run_id}  {run.data.metrics['val/proxy_ood_mAP_best']:.4f}" in ranking
     champion = client.get_model_version_by_alias("cxrlt-task2", "champion")
     assert champion.run_id == run_id
     submission = pd.read_csv(tmp_path / "task2.csv").set_index("ImageID")
@@ -190,6 +207,13 @@ def test_task2_analyses_are_in_the_run_the_report_and_the_terminal(task2_runs, t
     # Images positive for an unseen finding are out of training's validation split, not out of this evaluation.
     assert truth.any(axis=1).sum() > 0 and "heldout_unseen/internal/mAP_ci_low" in metrics
     report = Path(client.download_artifacts(run.info.run_id, "evaluation/report.md", str(tmp_path))).read_text()
+    # Its first table is the unseen classes' chain (test_unseen and its copies); the seen classes follow.
+    table = [line for line in report.split("## Headline: unseen classes", 1)[1].splitlines() if line.startswith("|")]
+    assert table[0].startswith("| rank | metric | test_unseen |") and "| test |" not in table[0]
+    first_map = table[2].split("|")
+    assert first_map[1:3] == [" 1 ", " mAP "] and float(first_map[3].split()[0]) == pytest.approx(
+        metrics["test_unseen/mAP"], abs=1e-4)  # fmt: skip
+    assert report.index("## Seen classes (proxy, not ranked)") > report.index("## Headline: unseen classes")
     # test_make_evaluate_reports_the_unseen_classes_again re-evaluates this run with TTA off (it may run first), so
     # the report may lack the TTA column; the training's own terminal lines are the run's first test phase.
     assert "## Task 2: unseen classes (zero-shot)" in report and "| scope | test |" in report

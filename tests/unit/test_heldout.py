@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from apps.benchmarks.card import DEFAULT_CARD, load_card
 from evaluation.heldout import TRAINED_ON_TAG, draw_rows, evaluate_heldout
 from evaluation.report import TRAINED_ON_CAVEAT, ranking_chain
 from evaluation.suite import compute_suite
@@ -144,6 +145,17 @@ def test_a_subset_mixing_centres_is_also_resampled_within_each(make_manifest):
         expected = compute_suite(targets[own], heldout.probs[own], LABELS, n_boot=50, seed=0).metrics
         assert heldout.metrics[f"heldout/source/{centre}/mAP"] == pytest.approx(expected["mAP"])
         assert heldout.metrics[f"heldout/source/{centre}/mAP_ci_low"] == pytest.approx(expected["mAP_ci_low"])
+
+
+def test_the_subset_logs_the_prevalence_floor_the_card_sets_beside_it(make_manifest):
+    module, model = _datamodule(make_manifest(n=90, size=24, labels=LABELS)), LeftRight()
+    heldout = evaluate_heldout(model, module, _cfg(size=20), _test_set(model))
+    truth = pd.read_csv(module.manifest.source_file).set_index("image_id").loc[list(heldout.draw.image_ids), LABELS]
+    prevalence = [truth[c].mean() for c in LABELS if truth[c].any()]  # a constant score's AP is the prevalence
+    assert heldout.metrics["heldout/prevalence_baseline_mAP"] == pytest.approx(np.mean(prevalence))
+    card_floors = {key for row in load_card(DEFAULT_CARD).run_metrics if row.key.startswith("heldout/")
+                   for key in row.floor.values()}  # fmt: skip
+    assert card_floors and card_floors <= set(heldout.metrics)
 
 
 def test_switched_off_nothing_is_drawn(make_manifest):

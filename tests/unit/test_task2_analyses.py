@@ -14,9 +14,10 @@ from sklearn.metrics import average_precision_score
 
 from apps.score import score
 from apps.score_truth import TruthError, internal_source, read_truth
+from evaluation.heldout import draw_unseen
 from evaluation.organiser_names import TASK1_COLUMNS, TASK2_COLUMNS
 from evaluation.report import summary_lines
-from evaluation.unseen import _heldout, analyses_table, perturbation_deltas, scoped_metrics
+from evaluation.unseen import _heldout, analyses_table, perturbation_deltas, scoped_metrics, summary_table
 from tests.cxrlt2026_release import DEV_LABELS, write_release
 from training.data.adapters.cxrlt2026_files import TEST_LISTS
 from training.data.findings import TASK2_LABELS
@@ -105,6 +106,26 @@ def test_heldout_unseen_is_left_out_when_switched_off_or_without_a_positive():
     on = OmegaConf.create({"evaluation": {"heldout": {"enabled": True, "split": "train", "size": 10, "seed": 7}}})
     unlabelled = DevelopmentModule(frame, np.full_like(targets, -1), images)  # e.g. training rows: none labelled
     assert _heldout(MeanPixel(3), unlabelled, on, UNSEEN, "a", suite) is None
+
+
+def test_heldout_unseen_draws_only_among_the_rows_labelled_for_an_unseen_class_and_says_so():
+    frame, targets, images = development_split()
+    targets[::2] = -1  # every other development row carries no unseen label, as a release's training rows do
+    cfg = OmegaConf.create({"evaluation": {"heldout": {"enabled": True, "split": "val", "size": 10, "seed": 7}}})
+    suite = dict(labels=UNSEEN, n_boot=0, seed=0, threshold=0.5)
+    metrics, predictions, draw = _heldout(MeanPixel(3), DevelopmentModule(frame, targets, images), cfg, UNSEEN,
+                                          "a", suite)  # fmt: skip
+    # Redone by hand: the 15 labelled rows' ids sorted as text, then numpy's choice of 10 of them with the seed.
+    pool = sorted(frame["image_id"].iloc[1::2])
+    assert list(draw.image_ids) == [pool[k] for k in sorted(np.random.default_rng(7).choice(15, 10, replace=False))]
+    assert (predictions[[f"true/{n}" for n in UNSEEN]].to_numpy() >= 0).any(axis=1).all()
+    assert draw.available == 15 and metrics["heldout_unseen/n_images"] == 10
+    assert "10 cases of the val split, drawn among its 15 rows labelled for an unseen class (seed 7)" in draw.describe()
+    assert "drawn among its 15 rows labelled for an unseen class" in summary_table(metrics, UNSEEN, "a", None, draw)
+    assert draw.record()["drawn_among"] == "rows labelled for an unseen class"
+    with pytest.raises(ValueError, match=r"none of the full manifest's 30 val rows has a label for an unseen class "
+                                         r"\(Adenopathy, Bulla, Goiter\)"):  # fmt: skip
+        draw_unseen(MeanPixel(3), DevelopmentModule(frame, np.full_like(targets, -1), images), cfg, UNSEEN)
 
 
 def test_a_perturbed_copy_is_scored_on_internal_external_and_pooled_and_its_change_is_per_scope():

@@ -68,6 +68,28 @@ def test_guard_removes_every_train_and_val_image_of_an_unseen_finding_and_keeps_
     assert len(datamodule.datasets["train"]) == 3 and len(datamodule.datasets["test"]) == 4
 
 
+def test_a_release_whose_training_rows_carry_no_unseen_label_is_not_tagged_as_checked(manifest, tmp_path, caplog):
+    table = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    table.loc[table["split"] != "test", UNSEEN] = ""  # the columns are there, labelled on the test rows only
+    table.to_csv(manifest, index=False)
+    source = _guarded(manifest, tmp_path)
+    source.prepare()
+    tags = source.run_tags
+    assert tags["cxrlt.training_rule.checked"] == "false (no unseen label on the training rows: nothing to check)"
+    assert tags["cxrlt.training_rule.excluded.train"] == "0"
+    assert tags["cxrlt.leak_guard.dropped_columns"] == "Bulla,Scoliosis"
+    assert "no train or val row of" in caplog.text and "nothing could be checked" in caplog.text
+    # One labelled training cell, even a negative, gives the rule something to read.
+    table.loc[table["image_id"] == "t4", "Bulla"] = "0"
+    table.to_csv(manifest, index=False)
+    relabelled = SeenOnlySource(ManifestSource(str(manifest), root=str(tmp_path)), UNSEEN, tmp_path / "guard2")
+    relabelled.prepare()
+    assert relabelled.run_tags["cxrlt.training_rule.checked"] == "true"
+    # A two-stage run may start from a parent trained under the same guard on such a release.
+    parent = SimpleNamespace(get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(tags=tags)))
+    assert check_parent_run(parent, "abc123", UNSEEN) is None
+
+
 def test_a_manifest_that_still_holds_unseen_images_fails_before_training(manifest, tmp_path):
     source = _guarded(manifest, tmp_path)
     # A stale copy in the guard's place, as the column-only guard wrote it: unseen columns gone, images kept.

@@ -32,6 +32,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from omegaconf import DictConfig, OmegaConf
 
+from evaluation.headline import headline_of
 from evaluation.tables import headline_view_tag
 from training.data.heterogeneity import measure
 
@@ -98,7 +99,7 @@ def comparability_tags(cfg: DictConfig, datamodule) -> dict[str, str]:
 def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
     """Log the datasets, the comparability tags, the source heterogeneity report and the description of a new run
     (a resumed run already has them); mark its experiment."""
-    headline = "test_unseen" if cfg.task.get("unseen") else "test"  # a zero-shot task is judged on its unseen classes
+    headline = headline_of(cfg.task).prefix  # the classes the task is ranked on (Task 2: its unseen ones)
     view = headline_view_tag(str(cfg.checkpoint.monitor), headline, descending=cfg.checkpoint.mode == "max")
     mark_model_training(client, client.get_run(run_id).info.experiment_id, view)
     client.log_inputs(run_id, datasets=dataset_inputs(datamodule))

@@ -28,6 +28,17 @@ GUARD_DIR = Path("data/manifests/seen_only")
 GUARD_VERSION = "rule2"
 #: The splits the rule removes images from; ``test`` is what the unseen findings are scored on.
 RULE_SPLITS = ("train", "val")
+#: ``cxrlt.training_rule.checked`` of a manifest whose training rows leave the rule nothing to read: a release that
+#: labels the unseen findings on its evaluation rows only. Not "true": no image was shown to be free of them.
+NOTHING_TO_CHECK = "false (no unseen label on the training rows: nothing to check)"
+
+
+def unseen_labelled(table: pd.DataFrame, unseen: Sequence[str]) -> pd.Series:
+    """Per row: a label (``1`` or ``0``) in at least one of the ``unseen`` columns present, not an empty cell."""
+    columns = [c for c in unseen if c in table.columns]
+    if not columns:
+        return pd.Series(False, index=table.index)
+    return table[columns].apply(pd.to_numeric, errors="coerce").notna().any(axis=1)
 
 
 def unseen_positive(table: pd.DataFrame, unseen: Sequence[str]) -> pd.Series:
@@ -41,12 +52,14 @@ def unseen_positive(table: pd.DataFrame, unseen: Sequence[str]) -> pd.Series:
 
 @dataclass
 class Exclusion:
-    """What the guard removed: images per split, positives per unseen finding (train + val), test rows kept."""
+    """What the guard removed: images per split, positives per unseen finding (train + val), test rows kept, and
+    how many train/val rows carry an unseen label at all (none: the rule had nothing to read)."""
 
     images: dict[str, int] = field(default_factory=dict)
     by_label: dict[str, int] = field(default_factory=dict)
     test_kept: int = 0
     test_unseen_positive: int = 0
+    labelled: int = 0
 
 
 def exclude_unseen_images(table: pd.DataFrame, unseen: Sequence[str]) -> tuple[pd.DataFrame, Exclusion]:
@@ -63,6 +76,7 @@ def exclude_unseen_images(table: pd.DataFrame, unseen: Sequence[str]) -> tuple[p
         },
         test_kept=int((table["split"] == "test").sum()),
         test_unseen_positive=int((positive & (table["split"] == "test")).sum()),
+        labelled=int((unseen_labelled(table, unseen) & in_rule).sum()),
     )
     return table.loc[~drop], record
 
@@ -117,6 +131,10 @@ class SeenOnlySource:
             self.excluded.test_kept, self.excluded.test_unseen_positive, list(self.dropped),
             self.full_manifest, guarded,
         )  # fmt: skip
+        if not self.excluded.labelled:
+            log.warning("training rule (docs/rules.md §11): no train or val row of %s has a label for %s, so nothing "
+                        "could be checked; the run is tagged cxrlt.training_rule.checked=%r",
+                        self.full_manifest, list(self.dropped), NOTHING_TO_CHECK)  # fmt: skip
         return guarded
 
     @property
@@ -135,7 +153,7 @@ class SeenOnlySource:
         record = self.excluded
         return {
             **tags,
-            "cxrlt.training_rule.checked": "true",
+            "cxrlt.training_rule.checked": "true" if record.labelled else NOTHING_TO_CHECK,
             **{f"cxrlt.training_rule.excluded.{split}": str(n) for split, n in record.images.items()},
             "cxrlt.training_rule.excluded.by_label": ",".join(f"{k}:{v}" for k, v in record.by_label.items()),
             "cxrlt.training_rule.test_kept": str(record.test_kept),

@@ -15,7 +15,7 @@ import pandas as pd
 
 from training.data.manifest import read_manifest_table
 from training.errors import UserError
-from training.zeroshot.leak_guard import RULE_SPLITS, unseen_positive
+from training.zeroshot.leak_guard import NOTHING_TO_CHECK, RULE_SPLITS, unseen_positive
 
 RULE = "docs/rules.md §11"
 SHOWN_IDS = 5
@@ -60,6 +60,10 @@ def check_training_rule(datamodule, unseen: Sequence[str]) -> None:
 def check_parent_run(client, parent_run: str, unseen: Sequence[str]) -> None:
     """Refuse a parent run (``stage=crt``) not trained under the rule for every one of ``unseen``.
 
+    A parent whose training rows carried no unseen label (tagged ``NOTHING_TO_CHECK``) went through the same guard
+    as this run will on such a release: refusing it would refuse every two-stage run there while the one-stage run
+    trains, so it passes, and its tag keeps saying that nothing was checked.
+
     Raises:
         TrainingRuleError: the parent's tags do not show a checked rule covering the task's unseen findings.
     """
@@ -69,7 +73,7 @@ def check_parent_run(client, parent_run: str, unseen: Sequence[str]) -> None:
         tags = client.get_run(parent_run).data.tags
     except MlflowException:
         return  # a missing run is the stage's to report, by name, when it loads it
-    checked = tags.get("cxrlt.training_rule.checked") == "true"
+    checked = tags.get("cxrlt.training_rule.checked") in ("true", NOTHING_TO_CHECK)
     covered = set(unseen) <= set(filter(None, tags.get("cxrlt.leak_guard.unseen", "").split(",")))
     if not (checked and covered):
         raise TrainingRuleError(
