@@ -42,10 +42,10 @@ from omegaconf import OmegaConf
 
 from evaluation.headline import DEFAULT, Headline, headline_of
 from evaluation.metric_registry import SUITE
+from training.allowed_targets import UnsafeConfig
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
 from training.run_refs import ModelNotFound, existing_store_client  # without torch: ranking needs none
-from training.targets import UnsafeConfig
 from training.tracking.run_context import DEBUG_TAG, VAL_FINGERPRINT_TAG
 from training.tracking.uri import resolve_tracking_uri
 

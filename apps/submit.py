@@ -60,11 +60,11 @@ from apps.submission_zip import COMMIT_TAG, CodeRecord, UploadError
 from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
 from evaluation.prediction_columns import ID_COLUMN
 from evaluation.tta import TTAPredictor
+from training.allowed_targets import UnsafeConfig
 from training.config_files import config_file
 from training.data.images import read_grayscale
 from training.errors import user_errors
 from training.runs import CONFIG, ModelNotFound, read_config
-from training.targets import UnsafeConfig
 from training.tracking.artifacts import download
 from training.tracking.redaction import redact_text
 from training.tracking.tracked_run import TrackedRun

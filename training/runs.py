@@ -11,7 +11,7 @@ of them rebuilt that on its own, and they drifted. A model is named as
 
 Everything read back from a run is untrusted: the checkpoint is loaded with ``weights_only=True`` (data, never
 code), and the stored ``config.yaml`` (or a registered model's ``spec.json``) may only name what the project's
-own ``configs/`` name (:mod:`training.targets`) before anything is built from it (docs/architecture.md, "Finished
+own ``configs/`` name (:mod:`training.allowed_targets`) before anything is built from it (docs/architecture.md, "Finished
 runs").
 """
 
@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from evaluation.thresholds import select_thresholds
+from training.allowed_targets import check_targets
 from training.checkpoint_io import load_weights_only
 from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
@@ -44,7 +45,6 @@ from training.run_refs import (  # re-exported: resolved without torch, so a com
     parse_reference,  # noqa: F401
     resolve_run,  # noqa: F401
 )
-from training.targets import check_targets
 from training.tracking.artifacts import download
 from training.tracking.redaction import redact
 from training.tracking.uri import tracking_client

@@ -26,9 +26,9 @@ from apps.registry import ensure_full_evaluation
 from apps.serving import CXRClassifierModel
 from apps.submit import run_manifest
 from tests.finished_runs import Payload, fabricate_finished_run
+from training.allowed_targets import UnsafeConfig, allowed_targets
 from training.runs import load_finished
 from training.stages import ClassifierRetraining
-from training.targets import UnsafeConfig, allowed_targets
 
 
 def payloads(tmp: Path) -> dict[str, dict]:

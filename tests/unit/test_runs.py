@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from training.allowed_targets import UnsafeConfig, check_targets
 from training.models.factory import UnsafeTarget, build_model
 from training.runs import FinishedModel, ModelNotFound, load_finished, parse_reference
-from training.targets import UnsafeConfig, check_targets
 from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
 
 MODEL_CFG = {"backbone": "resnet18", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}

@@ -21,7 +21,7 @@ from evaluation.temperature import (
     fitter_from_config,
     scaled_probs,
 )
-from training.targets import check_targets
+from training.allowed_targets import check_targets
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "calibration"
 

@@ -8,7 +8,7 @@ Which class: the plain :class:`~training.models.module.MultiLabelClassifier`, th
 ``configs/adapter/<name>.yaml`` names by ``_target_``, or a network of another shape that the model config names as
 ``model.module`` (the view-routed model of docs/recipes.md); each is a ``MultiLabelClassifier`` subclass. These
 configs may come from a stored run, which anyone with write access to the tracking server can edit, so only the
-classes the project's own configs name are imported (:mod:`training.targets`), and only a ``MultiLabelClassifier``
+classes the project's own configs name are imported (:mod:`training.allowed_targets`), and only a ``MultiLabelClassifier``
 among them is built (docs/architecture.md, "Finished runs").
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from training.allowed_targets import UnsafeConfig, check_target
 from training.models.module import MultiLabelClassifier
-from training.targets import UnsafeConfig, check_target
 
 
 class UnsafeTarget(UnsafeConfig):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from hydra.utils import get_class
 from torch import nn
 
-from training.targets import UnsafeConfig, check_target
+from training.allowed_targets import UnsafeConfig, check_target
 
 
 class UnsafeHead(UnsafeConfig):
