@@ -1,6 +1,6 @@
 """What a comparison leaves behind: CSV tables, the per-class heatmap and one self-contained HTML report.
 
-The files go into a folder that ``apps.compare_tracking`` logs as the comparison run's artifacts; the HTML page
+The files go into a folder that ``apps.compare`` logs as the comparison run's artifacts; the HTML page
 embeds its figure as a data URI, so the artifact opens alone (in MLflow's artifact viewer, a mail, a browser).
 """
 

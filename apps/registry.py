@@ -40,7 +40,8 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from omegaconf import OmegaConf
 
-from evaluation.headline import DEFAULT, Headline, headline_of
+from apps.compare import require_significant_gain, task_headline
+from evaluation.headline import DEFAULT, Headline
 from evaluation.metric_registry import SUITE
 from training.allowed_targets import UnsafeConfig
 from training.config_files import CONFIGS
@@ -84,12 +85,6 @@ def selection_metric(task: str) -> str:
     if not path.is_file():
         return FALLBACK_METRIC
     return str(OmegaConf.load(path).get("selection_metric", FALLBACK_METRIC))
-
-
-def task_headline(task: str) -> Headline:
-    """The classes ``task``'s runs are ranked on, from the same file: their test set breaks ties."""
-    path = TASK_CONFIGS / f"{task}.yaml"
-    return headline_of(OmegaConf.load(path)) if path.is_file() else DEFAULT
 
 
 def larger_is_better(metric: str) -> bool:
@@ -326,7 +321,8 @@ def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", expe
                   include_debug: bool = False, val_set: str | None = None,
                   require_significant: bool = False):  # fmt: skip
     """Rank the task's comparable runs, say how, register the best (or ``run_id``) and make it the ``alias``
-    holder; with ``require_significant`` only if it beats the current holder significantly (apps/compare_gate.py)."""
+    holder; with ``require_significant`` only if it beats the current holder significantly
+    (:func:`apps.compare.require_significant_gain`)."""
     ranking = comparable(client, experiment or task, task, metric, include_debug, val_set)
     for line in ranking.lines():
         log.info("%s", line)
@@ -341,9 +337,7 @@ def register_best(client: MlflowClient, task: str, metric: str = "val/mAP", expe
     best = next((c for c in ranking.ranked if c.run_id == run_id), None)
     reason = {"rank_metric": metric, "rank_value": best.value(metric) if best else "n/a",
               "candidates": len(ranking.ranked), "val_fingerprint": ranking.val_set if best else "n/a"}  # fmt: skip
-    if require_significant:
-        from apps.compare_gate import require_significant_gain  # the paired bootstrap; raises when not significant
-
+    if require_significant:  # the paired bootstrap; raises when the gain is not significant
         log.info("%s", require_significant_gain(client, run_id, _alias_holder(client, model_name(task), alias), metric))
     return register_run(client, run_id, model_name(task), alias, reason, full_evaluation)
 

@@ -23,7 +23,7 @@ Timed, in this order on one copy:
 - ``search_runs, fresh python``: the same call in a new interpreter, so a command's own start cost can be read off;
 - ``register: ranking``: ``apps.registry.comparable``, what ``make register`` reads and ranks, in this process;
 - ``make register TASK=task1``: as typed, a subprocess on the copy (ranking, packaging the pyfunc, the alias);
-- ``compare: runs + predictions``: ``apps.compare_runs`` resolving two run ids and reading their predictions;
+- ``compare: runs + predictions``: ``apps.compare`` resolving two run ids and reading their predictions;
 - ``make compare RUNS="<a> <b>"``: as typed (10,000 paired resamples over the test set, then the comparison run);
 - ``Headline view: REST``: the calls MLflow 3.17's runs table makes for the *Headline metrics* saved view
   (``experiments/get``, then ``runs/search`` ordered by the view's ``orderByKey``, 100 runs a page as the UI asks,
@@ -378,7 +378,7 @@ def settle(fn, tries: int = 10) -> None:
 def bench(runs: int, test_rows: int, repeats: int) -> list[tuple[str, float, str]]:
     from mlflow import MlflowClient
 
-    from apps.compare_runs import read_predictions, resolve_entries
+    from apps.compare import read_predictions, resolve_entries
     from apps.registry import comparable
 
     source, meta = cached_store(runs, test_rows)
@@ -405,7 +405,7 @@ def bench(runs: int, test_rows: int, repeats: int) -> list[tuple[str, float, str
                      f"{len(ranking.ranked)} ranked"))  # fmt: skip
         rows.append(("make register TASK=task1", shell(["make", "register", "TASK=task1"], uri), "packages the pyfunc"))
         a, b = meta["compared"]
-        rows.append(("compare: runs + predictions (apps.compare_runs)",
+        rows.append(("compare: runs + predictions (apps.compare)",
                      timed(lambda: read_predictions(client, resolve_entries(client, [a, b])), repeats),
                      f"{test_rows} x 30 each"))  # fmt: skip
         rows.append(('make compare RUNS="<a> <b>"', shell(["make", "compare", f"RUNS={a} {b}"], uri),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from apps.compare_grid import COLUMNS, grid_table
+from apps.compare import COLUMNS, grid_table
 from evaluation.report import ranking_chain
 
 

@@ -15,8 +15,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from apps.compare import main
-from apps.compare_gate import NotSignificant, require_significant_gain
+from apps.compare import NotSignificant, main, require_significant_gain
 from evaluation.comparison import Settings
 from evaluation.tables import PER_CLASS_TABLE
 from tests.unit.test_paired import LABELS, _frame, _probs, _targets

@@ -14,9 +14,9 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from apps.benchmarks.card import DEFAULT_CARD, load_card, run_metric_rows
+from apps.compare import columns, grid_table, task_headline
 from apps.compare import main as compare_main
-from apps.compare_grid import columns, grid_table
-from apps.registry import Candidate, Ranking, rank, task_headline
+from apps.registry import Candidate, Ranking, rank
 from evaluation.evaluate import MetricSet
 from evaluation.headline import DEFAULT, SEEN_SETS, headline_of, logged_headline
 from evaluation.metric_registry import UNSEEN_SETS
