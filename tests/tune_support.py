@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from sqlalchemy import create_engine, text
 
-from training.tuning.objective import WORKER_ATTR, is_surplus
+from training.tuning.trial_run import WORKER_ATTR, is_surplus
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: A study small enough for a test: the smoke data cut further, one epoch, no bootstrap, no pruning.

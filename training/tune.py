@@ -22,7 +22,7 @@ from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
 from training.tuning.heartbeat import optimize_until_done
-from training.tuning.objective import Objective
+from training.tuning.trial_run import Objective
 from training.tuning.pareto import describe_front, log_front, write_front_report
 from training.tuning.report import StudyState, log_best, write_report
 from training.tuning.space import SearchSpace

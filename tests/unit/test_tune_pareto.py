@@ -20,8 +20,8 @@ from mlflow import MlflowClient
 
 from evaluation.metric_registry import SUITE, SuiteMetric, class_ap
 from training.tuning.front_choice import FRONT_TAG, FrontRun, choose_from_front, utopia_choice
-from training.tuning.objective import RUN_ATTR
-from training.tuning.objectives import Goal, ObjectiveError, parse_goals
+from training.tuning.trial_run import RUN_ATTR
+from training.tuning.goals import Goal, ObjectiveError, parse_goals
 from training.tuning.pareto import front
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def test_ties_go_to_the_selection_metric_in_its_direction_then_the_earlier_trial
 
 
 class TableObjective:
-    """Stands in for :class:`training.tuning.objective.Objective`: a run per trial, nested under the parent, with
+    """Stands in for :class:`training.tuning.trial_run.Objective`: a run per trial, nested under the parent, with
     the values of :data:`VALUES` logged as the kept checkpoint's (``<metric>_best``)."""
 
     def __init__(self, compose, overrides, space, metric, direction, parent, study_name, worker=0, admits=None,

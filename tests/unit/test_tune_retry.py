@@ -89,7 +89,7 @@ def test_a_queued_retry_is_admitted_even_when_every_slot_is_used():
 
 
 def test_a_surplus_trial_ends_pruned_untrained_and_the_worker_stops(tmp_path):
-    from training.tuning.objective import SURPLUS_ATTR, Objective
+    from training.tuning.trial_run import SURPLUS_ATTR, Objective
     from training.tuning.report import state_counts
 
     study = optuna.create_study()

@@ -27,7 +27,7 @@ from mlflow import MlflowClient
 
 from training.errors import UserError
 from training.tracking.run_context import DEBUG_TAG
-from training.tuning.objectives import OBJECTIVES_ATTR, Goal, stored_goals
+from training.tuning.goals import OBJECTIVES_ATTR, Goal, stored_goals
 
 FRONT_TAG = "cxrlt.pareto_front"
 STUDY_KIND = ("cxrlt.kind", "tuning-study")

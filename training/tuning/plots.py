@@ -19,7 +19,7 @@ import optuna
 from optuna import visualization
 from plotly.offline import get_plotlyjs
 
-from training.tuning.objectives import OBJECTIVES_ATTR
+from training.tuning.goals import OBJECTIVES_ATTR
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from training.tracking.run_logger import send_metrics
 from training.tracking.tracked_run import TrackedRun
-from training.tuning.objective import RUN_ATTR, is_surplus
+from training.tuning.trial_run import RUN_ATTR, is_surplus
 from training.tuning.plots import write_plots_page
 
 log = logging.getLogger(__name__)

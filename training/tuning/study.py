@@ -53,8 +53,8 @@ from training.tracking.session import git_commit, tracking_uri
 from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import tracking_client
 from training.tuning.heartbeat import SteadyHeartbeatStorage, check_grace_period
-from training.tuning.objective import RUN_ATTR, STATE_TAG, STUDY_TAG, WORKER_ATTR, is_surplus
-from training.tuning.objectives import OBJECTIVES_ATTR, Goal, ObjectiveError, goals_from_config
+from training.tuning.trial_run import RUN_ATTR, STATE_TAG, STUDY_TAG, WORKER_ATTR, is_surplus
+from training.tuning.goals import OBJECTIVES_ATTR, Goal, ObjectiveError, goals_from_config
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ FINISHED, because the platform's contract is that a FINISHED run is complete (te
 ``make register`` therefore never picks a pruned trial. Its working checkpoints are deleted, since a pruned
 trial is not meant to be resumed. A failed trial's run is FAILED.
 
-Several objectives (``tune.objectives``, :mod:`training.tuning.objectives`). The checkpoint is kept by the first
+Several objectives (``tune.objectives``, :mod:`training.tuning.goals`). The checkpoint is kept by the first
 objective, and every objective is read at that kept epoch, so a trial's point on the Pareto front is one model's
 (the one ``make register`` would register), not the best epoch of each metric pieced together. The objectives
 other than the first are logged on the run as ``<metric>_best`` beside the pipeline's ``<first>_best``. Optuna
@@ -40,7 +40,7 @@ from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
 from training.tuning.heartbeat import TrialTakenOver, ensure_running
-from training.tuning.objectives import Goal
+from training.tuning.goals import Goal
 from training.tuning.space import SearchSpace, to_overrides
 
 log = logging.getLogger(__name__)
