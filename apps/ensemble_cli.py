@@ -9,7 +9,8 @@ and the mAP of the plain mean and of the tuned weights on validation and test, c
 then predicts with those members and weights.
 
 This module is the command line alone: a weighting that does not exist, fewer than two members or a store that
-is not there are answered before MLflow, torch and the suite load (:mod:`apps.ensemble_run` does the work).
+is not there are answered before MLflow, torch and the suite load (:func:`apps.ensemble.fit_ensemble` does the
+work).
 """
 
 from __future__ import annotations
@@ -51,17 +52,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from training.run_refs import ModelNotFound, existing_store_client
+    from training.run_refs import existing_store_client
     from training.tracking.uri import resolve_tracking_uri
 
-    with user_errors(ModelNotFound, debug=args.debug):
+    with user_errors(debug=args.debug):
         check_arguments(args)
         uri = resolve_tracking_uri()
         client = existing_store_client(uri)
-    from apps.ensemble_run import WEIGHTS_ARTIFACT, EnsembleError, fit_ensemble, table
+    from apps.ensemble import WEIGHTS_ARTIFACT, fit_ensemble, table
 
-    # Members that cannot be combined or loaded: the message names the run; anything else is a bug.
-    with user_errors(EnsembleError, ModelNotFound, debug=args.debug):
+    # Members that cannot be combined or loaded (user errors): the message names the run; anything else is a bug.
+    with user_errors(debug=args.debug):
         run_id, metrics, stored = fit_ensemble(client, uri, args.task, args.model, args.weighting, args.experiment)
     log.info("%s", table(metrics, stored))
     log.info("ensemble run %s (%s weights in %s); submit with: make submit TASK=%s MODEL=ensemble:%s", run_id,

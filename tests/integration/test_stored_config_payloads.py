@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from apps.benchmarks.framework.platform_models import PlatformRunEncoder
-from apps.ensemble_run import member_labels
+from apps.ensemble import member_labels
 from apps.evaluate import evaluate_run
 from apps.registry import ensure_full_evaluation
 from apps.serving import CXRClassifierModel
