@@ -49,14 +49,16 @@ from apps.ensemble import WEIGHTS_ARTIFACT, EnsembleError, StoredEnsemble, load_
 from apps.registry import ALIAS, model_name
 from apps.serving import Scorer
 from apps.submission import (
+    COMMIT_TAG,
+    CodeRecord,
     SubmissionError,
     Template,
+    UploadError,
     build_submission,
     submission_format,
     task_setting,
     write_submission,
 )
-from apps.submission_zip import COMMIT_TAG, CodeRecord, UploadError
 from evaluation.concept_thresholds import MODES, ConceptThresholds, choose_thresholds, predicted_concepts
 from evaluation.prediction_columns import ID_COLUMN
 from evaluation.tta import TTAPredictor

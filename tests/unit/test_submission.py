@@ -13,16 +13,17 @@ import pandas as pd
 import pytest
 
 from apps.submission import (
+    CodeRecord,
     SubmissionError,
     Template,
     build_submission,
     check_template,
     problems,
+    read_zip,
     validate,
     validate_file,
     write_submission,
 )
-from apps.submission_zip import CodeRecord, read_zip
 from evaluation.organiser_names import TASK1_COLUMNS, TASK2_COLUMNS
 from evaluation.prediction_columns import to_platform
 from training.data.findings import TASK1_LABELS, TASK2_LABELS
