@@ -26,6 +26,7 @@ from hydra.errors import CompactHydraException, InstantiationException
 from omegaconf.errors import MissingMandatoryValue
 
 from training.config_files import CONFIGS
+from training.interrupts import Interrupted, stop_on_signals
 from training.tracking.terminal import redact_terminal
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -118,7 +119,8 @@ def user_errors(*kinds: type[BaseException], debug: bool = False) -> Iterator[No
     Everything printed from here on is redacted (:func:`training.tracking.terminal.redact_terminal`)."""
     redact_terminal()
     try:
-        yield
+        with stopped_by_signals():
+            yield
     except (UserError, *kinds) as error:
         if debug or full_error_requested():
             raise
@@ -137,7 +139,21 @@ def run_hydra_entry(main: Callable[[], None], config_name: str, argv: Sequence[s
             raise
         sys.stderr.write(f"{error}\n\nSet the environment variable {FULL_ERROR}=1 for a complete stack trace.\n")
         raise SystemExit(1) from None
-    main()
+    with stopped_by_signals():
+        main()
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM/SIGINT inside the block end the command with one line and status 128 + signal
+    (:mod:`training.interrupts`); the run owner has already marked its run KILLED on the way out."""
+    stop_on_signals()
+    try:
+        yield
+    except Interrupted as stop:
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        sys.stderr.write(stop.message(spec.name if spec else os.path.basename(sys.argv[0])) + "\n")
+        raise SystemExit(stop.exit_status) from None
 
 
 def check_overrides(config_name: str, argv: Sequence[str], configs: Path = CONFIGS) -> None:

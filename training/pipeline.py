@@ -22,8 +22,10 @@ from training.data.datamodule import CXRDataModule
 from training.data.images import MAX_PIXELS
 from training.data.sources import task_labels
 from training.distributed import forget_shared, process_of, share_from_rank_zero
+from training.interrupts import PROCESS_TAG, RESUME_TAG, Interrupted, this_process
 from training.models.factory import model_from_config
 from training.models.module import MultiLabelClassifier
+from training.tracking.redaction import redact_tags
 from training.tracking.run_context import record_context, start_system_metrics
 from training.tracking.session import TrackingSession, open_session, tracking_uri
 from training.tracking.uri import tracking_client
@@ -100,7 +102,7 @@ def config_callbacks(cfg: DictConfig) -> list[L.Callback]:
 
 def error_status(error: BaseException) -> str:
     """MLflow status of a run that ended with ``error``: an interrupt KILLED, anything else FAILED."""
-    return "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+    return "KILLED" if isinstance(error, (Interrupted, KeyboardInterrupt, SystemExit)) else "FAILED"
 
 
 def run_training(
@@ -108,6 +110,7 @@ def run_training(
     callbacks: Sequence[L.Callback] = (),
     extra_tags: Mapping[str, str] | None = None,
     status_on_error: Callable[[BaseException], str] = error_status,
+    resume_command: Callable[[str], str] | None = None,
 ) -> str:
     """Train, test and track one configuration; returns the MLflow run id.
 
@@ -124,6 +127,8 @@ def run_training(
         extra_tags: extra MLflow run tags, e.g. ``mlflow.parentRunId`` to nest the run under a study's run.
         status_on_error: maps the exception that ended the run to its MLflow status (a tuning trial ends a
             pruned run KILLED rather than FAILED).
+        resume_command: the command line that continues a run, given its id; tagged on the run and named when a
+            signal stops it (:mod:`training.interrupts`).
     """
     quiet_lightning()  # first: each of Lightning's lines printed once, from the seed's on
     L.seed_everything(cfg.seed, workers=True)
@@ -168,7 +173,9 @@ def run_training(
     (session,) = sessions
     trainer.logger = session.logger
     monitor = None
+    command = resume_command(session.run_id) if resume_command else None
     try:
+        session.set_tags(redact_tags({PROCESS_TAG: this_process(), **({RESUME_TAG: command} if command else {})}))
         if session.resume_from is None:  # a resumed run has its datasets and description already
             record_context(session.client, session.run_id, cfg, datamodule)
         monitor = start_system_metrics(session.run_id, session.uri, cfg, resumed=session.resume_from is not None)
@@ -177,6 +184,8 @@ def run_training(
     except BaseException as error:
         _stop(monitor)
         session.close(status_on_error(error))
+        if isinstance(error, Interrupted):
+            error.run_id, error.resume_command = session.run_id, command
         raise
     finally:
         forget_shared()

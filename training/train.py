@@ -5,7 +5,10 @@ giving a number as text) ends with its message alone, as Hydra's own config erro
 shows the traceback (:mod:`training.errors`).
 """
 
+import shlex
+
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from training.config_files import CONFIGS
@@ -18,7 +21,13 @@ def main(cfg: DictConfig) -> None:
     # Imported here, not at the top: a mistyped command line is then answered before torch and Lightning load.
     from training.pipeline import run_training
 
-    run_training(cfg)
+    run_training(cfg, resume_command=make_train_command)
+
+
+def make_train_command(run_id: str) -> str:
+    """``make train`` with this command line's overrides and ``resume=<run id>``: what continues that run."""
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith(("task=", "resume="))]
+    return f'make train TASK={HydraConfig.get().runtime.choices.task} ARGS="{shlex.join([*overrides, f"resume={run_id}"])}"'
 
 
 if __name__ == "__main__":

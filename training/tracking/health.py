@@ -8,15 +8,17 @@ for minutes.
 from __future__ import annotations
 
 import urllib.error
+import urllib.parse
 import urllib.request
 
+from training.errors import UserError
 from training.tracking.redaction import redact_text
 
 #: Seconds the ``/health`` probe waits: long enough for a busy server, short enough to fail fast.
 HEALTH_TIMEOUT_S = 5.0
 
 
-class TrackingUnavailable(RuntimeError):
+class TrackingUnavailable(UserError, RuntimeError):
     """The tracking server does not answer; the message names the server, the run (if any) and what to do."""
 
 
@@ -31,8 +33,10 @@ def server_reachable(uri: str, timeout: float = HEALTH_TIMEOUT_S) -> str | None:
     ``/health`` needs no credentials even with basic auth on, so this tells "server gone" apart from "wrong
     password" (which MLflow's client reports itself, at once, as a 401).
     """
+    parts = urllib.parse.urlsplit(uri)
+    bare = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()  # credentials are not urllib's to parse
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
+        with urllib.request.urlopen(bare.rstrip("/") + "/health", timeout=timeout) as response:
             return None if response.status == 200 else f"/health answered {response.status}"
     except urllib.error.HTTPError as error:
         return f"/health answered {error.code}"

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from training.interrupts import warn_abandoned
 from training.tracking import health
 from training.tracking.health import TrackingUnavailable, check_reachable, is_remote
 from training.tracking.redaction import redact, redact_tags, redact_text
@@ -225,6 +226,7 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
         check_same_config(uri, str(cfg.resume), key, flatten(cfg))
         found = (str(cfg.resume), last)
 
+    warn_abandoned(tracking_client(uri), cfg.tracking.experiment, resuming=found[0] if found else None)
     run_tags = redact_tags({**tags, RUN_KEY_TAG: key, "mlflow.source.git.commit": git_commit()})
     if found:
         run_id, last = found

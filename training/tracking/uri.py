@@ -11,6 +11,7 @@ Precedence: ``MLFLOW_TRACKING_URI`` (one variable points everything at a team se
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -28,17 +29,29 @@ def resolve_tracking_uri(configured: str | None = None) -> str:
 def tracking_client(uri: str | None = None) -> MlflowClient:
     """An ``MlflowClient`` on ``uri`` (already resolved by the caller) or on :func:`resolve_tracking_uri`'s store.
 
-    The only place a client is made outside the training logger, so no command can end up on another store. The
-    store is opened through :func:`training.tracking.store_lock.ensure_store` first, so commands started together
-    on a fresh SQLite store do not race through its creation.
+    The only place a client is made outside the training logger, so no command can end up on another store. A
+    tracking server is asked for its health once per process first, so a command on a server that does not answer
+    fails in seconds with one line instead of MLflow's client retrying for minutes. The store is opened through
+    :func:`training.tracking.store_lock.ensure_store`, so commands started together on a fresh SQLite store do not
+    race through its creation.
     """
     from mlflow import MlflowClient  # imported here: `python -m training.tracking.uri` serves the Makefile fast
 
     from training.tracking.store_lock import ensure_store
 
     uri = uri or resolve_tracking_uri()
+    _answered(uri)
     ensure_store(uri)
     return MlflowClient(uri)
+
+
+@functools.cache
+def _answered(uri: str) -> None:
+    """:func:`training.tracking.health.check_reachable`, once per process and server: later calls come during a
+    run, whose outages the session rides out (:mod:`training.tracking.session`)."""
+    from training.tracking.health import check_reachable
+
+    check_reachable(uri)
 
 
 def is_local_store(uri: str) -> bool:
