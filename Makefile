@@ -17,7 +17,7 @@ TRACKING_URI = $(PY) -m training.tracking.uri
 ifndef V
 .SILENT:
 endif
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark card dicom-balance ui server test test-e2e test-realdata test-presets test-slow test-server lint format bench bench-scale clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark benchmarks-extra card dicom-balance ui server test test-e2e test-realdata test-presets test-slow test-server lint format bench bench-scale clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -29,7 +29,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@touch $@
 
-setup: $(STAMP) ## Create .venv and install everything (idempotent; instant when up to date)
+setup: $(STAMP) ## Create .venv and install the core (idempotent; instant when up to date)
+
+# The benchmark-only packages (pyproject's `benchmarks` extra): installed by the first make benchmark or make card.
+$(VENV)/.benchmarks: $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[benchmarks]"
+	@touch $@
+
+benchmarks-extra: $(VENV)/.benchmarks ## Install the benchmark-only packages now (CI does, before make test)
 
 train: setup ## Train and test one model, tracked in MLflow: make train TASK=task1 ARGS="model=resnet18 loss=bce"
 	$(PY) -m training.train task=$(TASK) $(ARGS)
@@ -99,13 +106,13 @@ ensemble: setup ## Weights fitted on validation for several finished runs, logge
 
 NAME ?=
 VERSION ?=
-benchmark: setup ## Benchmark a model (no NAME: list the protocols): make benchmark NAME=<name> MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=<version>]
+benchmark: $(VENV)/.benchmarks ## Benchmark a model (no NAME: list the protocols): make benchmark NAME=<name> MODEL=<run id|models:/name@alias|clip:spec> DATA_ROOT=<dir> [VERSION=<version>]
 	@if [ -z "$(NAME)" ]; then $(PY) -m apps.benchmarks.cli $(ARGS); \
 	else $(PY) -m apps.benchmarks.cli --name '$(NAME)' $(if $(MODEL),--model '$(MODEL)') \
 		$(if $(DATA_ROOT),--data-root '$(DATA_ROOT)') $(if $(VERSION),--version '$(VERSION)') $(ARGS); fi
 
 CARD ?=
-card: setup ## Model card across every configured benchmark, logged to the model's run: make card MODEL=<run id|models:/name/version|models:/name@alias> [CARD=configs/card.yaml]
+card: $(VENV)/.benchmarks ## Model card across every configured benchmark, logged to the model's run: make card MODEL=<run id|models:/name/version|models:/name@alias> [CARD=configs/card.yaml]
 	$(PY) -m apps.benchmarks.card_cli $(if $(MODEL),--model '$(MODEL)') $(if $(CARD),--card '$(CARD)') $(ARGS)
 
 dicom-balance: setup ## Acquisition balance of a reader study's subsets (Pearson's chi-square on DICOM tags): make dicom-balance DATA_ROOT=<dir> [NAME=reveal] [BY=subset]

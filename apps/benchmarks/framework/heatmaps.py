@@ -36,6 +36,7 @@ from torch import nn
 
 from apps.benchmarks.framework.clip_models import ClipEncoder
 from apps.benchmarks.framework.encoders import Encoder
+from apps.benchmarks.framework.extra import require
 from apps.benchmarks.framework.platform_models import PlatformRunEncoder, head_input
 
 __all__ = [
@@ -267,8 +268,7 @@ class _Logits(nn.Module):
 
 def gradcam_heatmaps(encoder: PlatformRunEncoder, images: np.ndarray, labels: Sequence[str]) -> np.ndarray | None:
     """Grad-CAM maps of a platform classifier (see the module docstring); ``None`` for a transformer backbone."""
-    from pytorch_grad_cam import GradCAM  # optional dependency, only for grounding
-
+    GradCAM = require("pytorch_grad_cam").GradCAM
     model = encoder.model
     n, size = len(images), images.shape[-1]
     layer = gradcam_layer(model.backbone, size)

@@ -57,6 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
+from apps.benchmarks.framework.extra import require
+
 BERTSCORE_MODEL = "microsoft/deberta-xlarge-mnli"
 METRICS = ("bertscore", "rouge1", "bleu1", "meteor", "cider")
 NOT_AVAILABLE = {
@@ -247,9 +249,7 @@ def _rouge():
     """The organisers' ROUGE-1 settings: ``rouge-score``'s default tokenizer (lower-case, ``[a-z0-9]+`` runs), no
     stemmer. After :func:`preprocess` it differs from a whitespace split only on non-ASCII letters, which it treats
     as separators (``naïve`` -> ``na``, ``ve``)."""
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rouge1"], use_stemmer=False)
+    return require("rouge_score.rouge_scorer").RougeScorer(["rouge1"], use_stemmer=False)
 
 
 def rouge1_f(reference: str, candidate: str) -> float:
@@ -275,8 +275,7 @@ def bleu1(reference: str, candidate: str) -> float:
     ref_tokens, cand_tokens = preprocess(reference).split(), preprocess(candidate).split()
     if not ref_tokens or not cand_tokens:
         return 0.0
-    from nltk.translate.bleu_score import sentence_bleu
-
+    sentence_bleu = require("nltk.translate.bleu_score").sentence_bleu
     with warnings.catch_warnings():  # nltk warns on a zero count; 0 is the value meant
         warnings.simplefilter("ignore")
         return float(sentence_bleu([ref_tokens], cand_tokens, weights=(1.0,)))
@@ -292,7 +291,7 @@ def _meteor_jar(meteor_class):
 def meteor(references: Sequence[str], candidates: Sequence[str]) -> tuple[np.ndarray | None, str]:
     """Per-caption METEOR by ``pycocoevalcap`` (METEOR 1.5, English, ``-norm``: the COCO caption evaluation's jar).
 
-    ``(values, "")``, or ``(None, reason)`` when Java or the package is missing. Pairs are preprocessed first; both
+    ``(values, "")``, or ``(None, reason)`` when Java is missing. Pairs are preprocessed first; both
     raw strings empty score 1.0, a side without a token 0.0 (no match is possible; the jar is not asked).
     """
     values = np.zeros(len(references))
@@ -307,12 +306,8 @@ def meteor(references: Sequence[str], candidates: Sequence[str]) -> tuple[np.nda
         return values, ""
     if shutil.which("java") is None:
         return None, "METEOR 1.5 runs on Java, and no java is on PATH"
-    try:
-        from pycocoevalcap.meteor.meteor import Meteor
-    except ImportError as error:
-        return None, f"pycocoevalcap is not installed ({error})"
-    keys = list(asked)
-    _, scores = _meteor_jar(Meteor).compute_score({k: [asked[k][0]] for k in keys}, {k: [asked[k][1]] for k in keys})
+    jar, keys = _meteor_jar(require("pycocoevalcap.meteor.meteor").Meteor), list(asked)
+    _, scores = jar.compute_score({k: [asked[k][0]] for k in keys}, {k: [asked[k][1]] for k in keys})
     values[keys] = np.asarray(scores, dtype=float)
     return values, ""
 
@@ -321,17 +316,13 @@ def cider(references: Sequence[str], candidates: Sequence[str]) -> tuple[np.ndar
     """Per-caption CIDEr-D by ``pycocoevalcap`` (n = 4, sigma = 6), the document frequencies taken over all the
     ``references`` given (so a caption's value depends on the set it is scored in, as CIDEr defines it).
 
-    ``(values, "")``, or ``(None, reason)`` without the package. Captions are preprocessed and whitespace-tokenised.
+    ``(values, "")``. Captions are preprocessed and whitespace-tokenised.
     """
-    try:
-        from pycocoevalcap.cider.cider import Cider
-    except ImportError as error:
-        return None, f"pycocoevalcap is not installed ({error})"
     if not references:
         return np.zeros(0), ""
     refs = {i: [" ".join(preprocess(r).split())] for i, r in enumerate(references)}
     cands = {i: [" ".join(preprocess(c).split())] for i, c in enumerate(candidates)}
-    _, scores = Cider().compute_score(refs, cands)
+    _, scores = require("pycocoevalcap.cider.cider").Cider().compute_score(refs, cands)
     return np.asarray(scores, dtype=float), ""
 
 
@@ -395,8 +386,7 @@ def idf_weights(tokenizer, sentences: Sequence[str]) -> defaultdict:
     counted once per sentence, ``log(M + 1)`` for an unseen one), with an empty sentence counted as ``bert-score``
     encodes it, its special tokens alone: ``bert-score``'s own encoder fails on an empty sentence with the installed
     transformers, and the organisers' idf corpus holds every reference, empty ones included."""
-    from bert_score.utils import sent_encode
-
+    sent_encode = require("bert_score.utils").sent_encode
     special = tokenizer.encode("", add_special_tokens=True)
     counts = Counter(i for s in sentences for i in set(sent_encode(tokenizer, s) if s.strip() else special))
     total = len(sentences)
@@ -412,8 +402,7 @@ def _bertscore_f1(refs: list[str], cands: list[str], idf_refs: list[str], model:
     ``idf_refs`` are the sentences the idf weights are counted over (every preprocessed reference, as the
     organisers pass them), not only the pairs scored here."""
     if num_layers is None:
-        from bert_score.utils import model2layers
-
+        model2layers = require("bert_score.utils").model2layers
         if model not in model2layers:
             raise ValueError(f"bert-score registers no layer for {model!r}: pass bertscore_num_layers")
         num_layers = model2layers[model]
@@ -429,9 +418,9 @@ def _bertscore_f1(refs: list[str], cands: list[str], idf_refs: list[str], model:
             None,
             num_layers,
         )
+    BERTScorer = require("bert_score").BERTScorer
     try:
         import torch
-        from bert_score import BERTScorer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         # Loaded from the folder, never by name: transformers makes no hub request, whatever HF_HUB_OFFLINE says.
