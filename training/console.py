@@ -7,7 +7,8 @@ the terminal; the run's summary at the end (``training.pipeline``) does.
 
 Progress shows on a terminal as Lightning's rich bar, which redraws one line in place; written to a file (``nohup``,
 ``tee``, a cluster job's log) that bar shows nothing until the fit ends, so there each epoch is one log line instead
-(:class:`EpochLines`).
+(:class:`EpochLines`), with a line within the epoch whenever a minute passed without one: an epoch of a large
+set lasts hours, and a log silent that long cannot be told from a hung job.
 """
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ def epoch_line(epoch: int, max_epochs: int | None, steps_per_s: float, metrics: 
             f"{monitor} {value(monitor)}, ETA {eta}")  # fmt: skip
 
 
+def step_line(epoch: int, max_epochs: int | None, step: int, steps: float, steps_per_s: float) -> str:
+    """``epoch 0/6, step 120/1117: 2.0 step/s, epoch ETA 0:08:18``: where an epoch stands, between its epoch lines."""
+    last = f"/{max_epochs - 1}" if max_epochs and max_epochs > 0 else ""
+    known = steps != float("inf") and steps_per_s > 0
+    total = f"/{int(steps)}" if steps != float("inf") else ""
+    eta = str(datetime.timedelta(seconds=round((steps - step) / steps_per_s))) if known else "-"
+    rate = f"{steps_per_s:.1f}" if steps_per_s >= 1 else f"{steps_per_s:.3f}"  # a slow large-image epoch: 0.040
+    return f"epoch {epoch}{last}, step {step}{total}: {rate} step/s, epoch ETA {eta}"
+
+
 class EpochLines(ProgressBar):
     """One log line per finished epoch (:func:`epoch_line`), for output that is not a terminal.
 
@@ -107,9 +118,13 @@ class EpochLines(ProgressBar):
     stopping ends the fit sooner).
     """
 
-    def __init__(self, monitor: str):
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, monitor: str, interval_s: float = 60.0):
         super().__init__()
         self.monitor = monitor
+        self.interval_s = interval_s  # the longest a log stays silent during an epoch
+        self._last_line = 0.0
         self.enabled = True
         self._fit_started = self._epoch_started = self._train_seconds = 0.0
         self._epochs = self._steps_at_start = self._steps = 0
@@ -122,19 +137,29 @@ class EpochLines(ProgressBar):
         self.enabled = True
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._fit_started, self._epochs = time.monotonic(), 0
+        self._fit_started, self._epochs = self.clock(), 0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._write(trainer)
-        self._epoch_started, self._steps_at_start, self._train_seconds = time.monotonic(), trainer.global_step, 0.0
+        self._epoch_started, self._steps_at_start, self._train_seconds = self.clock(), trainer.global_step, 0.0
+        self._last_line = self._epoch_started
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = self.clock()
+        if not self.enabled or now - self._last_line < self.interval_s:
+            return
+        self._last_line = now
+        rate = (batch_idx + 1) / (now - self._epoch_started)
+        log.info("%s", step_line(trainer.current_epoch, trainer.max_epochs, batch_idx + 1,
+                                 trainer.num_training_batches, rate))  # fmt: skip
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:  # the epoch's training part ends here
-            self._train_seconds = time.monotonic() - self._epoch_started
+            self._train_seconds = self.clock() - self._epoch_started
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._pending = trainer.current_epoch
-        self._train_seconds = self._train_seconds or time.monotonic() - self._epoch_started
+        self._train_seconds = self._train_seconds or self.clock() - self._epoch_started
         self._steps = trainer.global_step - self._steps_at_start
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -147,7 +172,7 @@ class EpochLines(ProgressBar):
         self._epochs += 1
         if not self.enabled:
             return
-        per_epoch = (time.monotonic() - self._fit_started) / self._epochs
+        per_epoch = (self.clock() - self._fit_started) / self._epochs
         left = trainer.max_epochs - 1 - epoch if trainer.max_epochs and trainer.max_epochs > 0 else None
         rate = self._steps / self._train_seconds if self._train_seconds > 0 else 0.0
         metrics = trainer.callback_metrics

@@ -16,6 +16,7 @@ from training.console import (
     console_callbacks,
     epoch_line,
     quiet_lightning,
+    step_line,
 )
 
 
@@ -128,3 +129,26 @@ def test_epoch_lines_write_each_epoch_once_with_its_own_loss(caplog):
     for line, loss, val in zip(written, losses, (0.5, 0.6, 0.7), strict=True):
         assert f"train/loss {loss:.4f}, val/mAP {val:.4f}, ETA " in line and " step/s, " in line
     assert written[-1].endswith("ETA 0:00:00")
+
+
+def test_a_line_within_the_epoch_whenever_the_interval_passed_without_one(caplog):
+    """A fake clock that advances 25 s per reading: the epoch starts at 0 s and batch k ends at 25 k s, so with a
+    60 s interval the lines come after batches 3 (75 s) and 6 (150 s) of 8, at 1 batch per 25 s."""
+    readings = iter(range(0, 10_000, 25))
+    lines = EpochLines("val/mAP", interval_s=60)
+    lines.clock = lambda: float(next(readings))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(16, 2)), batch_size=2)
+    trainer = L.Trainer(max_epochs=1, callbacks=[lines], logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, limit_val_batches=0, accelerator="cpu")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="training.console"):
+        trainer.fit(_Tiny(), data)
+    steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 0/0, step")]
+    assert steps == [
+        "epoch 0/0, step 3/8: 0.040 step/s, epoch ETA 0:02:05",
+        "epoch 0/0, step 6/8: 0.040 step/s, epoch ETA 0:00:50",
+    ], steps
+
+
+def test_step_line_names_the_step_the_rate_and_the_epochs_remaining_time():
+    assert step_line(0, 7, 120, 1117, 2.0) == "epoch 0/6, step 120/1117: 2.0 step/s, epoch ETA 0:08:18"
+    assert step_line(3, None, 5, float("inf"), 1.0) == "epoch 3, step 5: 1.0 step/s, epoch ETA -"
