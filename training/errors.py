@@ -180,7 +180,12 @@ def check_overrides(config_name: str, argv: Sequence[str], configs: Path = CONFI
     except Exception:  # Hydra reports its own parse errors, with the position
         return
     groups = {o.key_or_group for o in overrides if (configs / o.key_or_group.replace(".", "/")).is_dir()}
-    choices = [o.input_line for o in overrides if o.key_or_group in groups and not o.is_sweep_override()]
+    choices = [o for o in overrides if o.key_or_group in groups and not o.is_sweep_override()]
+    for override in choices:
+        problem = _unknown_choice(override.key_or_group, override.value(), configs)
+        if problem:
+            raise OverrideError(f"{override.input_line}: {problem}")
+    choices = [o.input_line for o in choices]
     try:
         with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
             base = compose(config_name, overrides=choices, return_hydra_config=True)
@@ -203,6 +208,17 @@ def check_overrides(config_name: str, argv: Sequence[str], configs: Path = CONFI
         problem = _type_mismatch(key, _select(base, key), override.value())
         if problem:
             raise OverrideError(f"{override.input_line}: {problem}")
+
+
+def _unknown_choice(group: str, value, configs: Path) -> str | None:
+    """Why ``value`` names no option of the config group (Hydra would print its whole search path), or None."""
+    folder = configs / group.replace(".", "/")
+    if not isinstance(value, str) or (folder / f"{value}.yaml").is_file():
+        return None
+    names = sorted(p.stem for p in folder.glob("*.yaml"))
+    close = difflib.get_close_matches(value, names, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"no {group} called {value!r} (configs/{group.replace('.', '/')}/); {guess}choices: {', '.join(names)}"
 
 
 def _select(cfg, key: str):

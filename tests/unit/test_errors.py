@@ -22,6 +22,9 @@ from training.errors import OverrideError, ReportedError, check_overrides, hydra
         (["debug=smoke", "data.image_size=6.5"], "expected an integer (the config's value is 64), got 6.5"),
         (["evaluation.threshold=high"], "evaluation.threshold=high: expected a number"),
         (["loss=asl", "loss.gama_neg=4"], "no setting 'loss.gama_neg'; did you mean 'loss.gamma_neg'?"),
+        (["loss=asll"], "loss=asll: no loss called 'asll' (configs/loss/); did you mean 'asl'? choices: asl, bce, "),
+        (["task=task3"], "task=task3: no task called 'task3' (configs/task/); did you mean 'task2'? choices: nih14,"),
+        (["model=nope"], "no model called 'nope' (configs/model/); choices: convnext_atto, "),
     ],
 )
 def test_wrong_overrides_are_refused_with_what_to_do(argv, message):
@@ -38,7 +41,7 @@ def test_wrong_overrides_are_refused_with_what_to_do(argv, message):
         ["data.image_size=96", "model.lr=1e-3", "trainer.gradient_clip_val=null"],
         ["+tags.grid=x", "data.subset={train:4}", "data.source.generator.n_train=100"],
         ["-m", "loss=bce,asl", "seed=0,1"],  # sweeps are Hydra's to expand
-        ["loss=nope"],  # an unknown choice: Hydra lists the options itself
+        ["ema=null", "loss=db_en_margin"],  # no choice, and a choice whose name is a file of the group
         ["not_a_key=1"],  # nothing better to say than Hydra's own message
     ],
 )
