@@ -1,7 +1,7 @@
 """``make compare``: is run B really better than run A? A paired bootstrap of runs (or a grid's seeds) on one test set.
 
 ``make compare RUNS="<ref> <ref> ..."`` compares finished runs, registered versions (``models:/<name>/<version>``,
-``models:/<name>@<alias>``: ``training.run_refs``) or grid tags (``make compare``'s ``cxrlt.grid``, also written
+``models:/<name>@<alias>``: ``training.run_lookup``) or grid tags (``make compare``'s ``cxrlt.grid``, also written
 ``grid:<tag>``). A run or a version is an entry of its own; a grid becomes one entry per value of ``--by``
 (``loss.name``), whose runs are that configuration's seeds. Only FINISHED runs are compared: only they hold the
 tested predictions. ``make compare LOSSES=... SEEDS=...`` trains the grid first and prints its mean ± std table,
@@ -41,7 +41,7 @@ from evaluation.report import ranking_chain
 from evaluation.tables import PER_CLASS_TABLE, logged_tables_tag, write_table
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
-from training.run_refs import ModelNotFound, existing_store_client, finished_run
+from training.run_lookup import ModelNotFound, existing_store_client, finished_run
 from training.tracking.artifacts import download
 from training.tracking.uri import resolve_tracking_uri
 

@@ -42,7 +42,7 @@ from evaluation.predictions import PredictionsError, read_predictions
 from evaluation.suite import compute_suite
 from training.config_files import config_file, option_names
 from training.errors import UserError
-from training.run_refs import ModelNotFound, resolve_run
+from training.run_lookup import ModelNotFound, resolve_run
 from training.runs import read_config
 from training.tracking.artifacts import download
 from training.tracking.tracked_run import TrackedRun, ensure_experiment

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from training.run_refs import existing_store_client
+    from training.run_lookup import existing_store_client
     from training.tracking.uri import resolve_tracking_uri
 
     with user_errors(debug=args.debug):

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
-from training.run_refs import existing_store_client, finished_run
+from training.run_lookup import existing_store_client, finished_run
 from training.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Started directly, ``mlflow models serve -m models:/cxrlt-task1@champion`` on a store without that model printed a
 54-line traceback ending in ``Registered Model with name=cxrlt-task1 not found`` and created an empty
-``mlruns/mlflow.db`` on the way. Here the store and the reference are checked first (:mod:`training.run_refs`, as
+``mlruns/mlflow.db`` on the way. Here the store and the reference are checked first (:mod:`training.run_lookup`, as
 for every command that takes a model; a SQLite store that is not there is reported, never created), and a missing
 one is one line naming the store and what to run; only then is the process replaced by MLflow's server.
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.errors import UserError, user_errors
-from training.run_refs import ModelNotFound, existing_store_client, finished_run
+from training.run_lookup import ModelNotFound, existing_store_client, finished_run
 from training.tracking.uri import resolve_tracking_uri
 
 #: The folder under which the served model opens ``image`` paths; unset: it opens none (read by apps.serving).
@@ -29,7 +29,7 @@ IMAGE_ROOT_ENV = "CXRLT_SERVE_IMAGE_ROOT"
 
 def check_model(reference: str, uri: str) -> None:
     """Resolve ``reference`` to a finished run in the store at ``uri``, as every command that takes a model does
-    (:mod:`training.run_refs`), without creating a store that is not there.
+    (:mod:`training.run_lookup`), without creating a store that is not there.
 
     Raises:
         ModelNotFound: no store file, or no such registered model, alias, version or run (with what to run).

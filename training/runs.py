@@ -37,7 +37,7 @@ from training.data.images import read_grayscale
 from training.data.transforms import GRAY_MEAN, GRAY_STD, build_transform
 from training.models.factory import build_model
 from training.models.module import MultiLabelClassifier
-from training.run_refs import (  # re-exported: resolved without torch, so a command refuses a bad reference fast
+from training.run_lookup import (  # re-exported: resolved without torch, so a command refuses a bad reference fast
     MODEL_URI,  # noqa: F401
     ModelNotFound,
     RunNotFinished,  # noqa: F401

@@ -69,7 +69,7 @@ def model_run(model: str, client: MlflowClient):
     from mlflow.exceptions import MlflowException
 
     from apps.benchmarks.framework.protocol import BadInput
-    from training.run_refs import MODEL_URI, resolve_run
+    from training.run_lookup import MODEL_URI, resolve_run
 
     try:
         run_id, version = resolve_run(model, client)
