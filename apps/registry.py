@@ -46,6 +46,7 @@ from evaluation.metric_registry import SUITE
 from training.allowed_targets import UnsafeConfig
 from training.config_files import CONFIGS
 from training.errors import UserError, user_errors
+from training.interrupts import warn_abandoned
 from training.run_lookup import ModelNotFound, existing_store_client  # without torch: ranking needs none
 from training.tracking.run_context import DEBUG_TAG, VAL_FINGERPRINT_TAG
 from training.tracking.uri import resolve_tracking_uri
@@ -388,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with user_errors(UnsafeConfig, ModelNotFound, NoCandidate, debug=args.debug):
         # A store that is not there is refused, not created empty (a mistyped MLFLOW_TRACKING_URI, a fresh clone).
         client = existing_store_client(uri)
+        warn_abandoned(client, args.experiment or args.task)
         if args.pareto_front and args.run is None:  # the front's pick, registered as RUN=<id> is
             from training.tuning.front_choice import choose_from_front
 
