@@ -190,3 +190,21 @@ def test_data_check_and_training_share_the_validation(make_manifest, task1_label
         report = check_dataset(path, path.parent)
         assert [line.strip() for line in trained if "required by the task" not in line] == report.errors, name
         assert report.errors, name
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    lines = path.read_bytes().split(b"\n")
+    lines[5] = lines[5].replace(b"centre_a", b"centre_\xe9")  # Latin-1 e-acute: the sixth line of the file
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ManifestError, match=rf"^{path}, line 6: not UTF-8 text \(invalid continuation byte"):
+        _load(path, task1_labels)
+
+
+def test_a_path_outside_the_data_root_is_that_problem_only_not_also_a_missing_image(make_manifest, task1_labels):
+    path = make_manifest(n=12)
+    _edit(path, lambda t: t.assign(path=t["path"].mask(t.index == 3, "../elsewhere.png")))
+    with pytest.raises(ManifestError) as refused:
+        load_manifest(path, task1_labels, KNOWN_FINDINGS, image_roots=[path.parent])
+    assert "line 5, column 'path': '../elsewhere.png' leaves the data root" in str(refused.value)
+    assert "not found" not in str(refused.value)

@@ -115,7 +115,16 @@ def _read_csv(csv_path: Path, **options) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise ManifestError(f"{csv_path}: empty file, not even a header line; a manifest needs the columns "
                             f"{list(REQUIRED_COLUMNS)} and one column per finding") from None  # fmt: skip
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError:  # pandas' offset is into one of its chunks: find the byte in the whole file
+        data = csv_path.read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data[: error.start].count(b"\n") + 1
+            raise ManifestError(f"{csv_path}, line {line}: not UTF-8 text ({error.reason}: "
+                                f"{data[error.start : error.end]!r}); save the file as UTF-8") from None  # fmt: skip
+        raise
+    except pd.errors.ParserError as error:
         raise ManifestError(f"{csv_path}: not a readable CSV file: {error}") from None
 
 
@@ -280,17 +289,18 @@ def check_manifest(
     for label, (_, bad) in parsed.items():
         problems += listed(f"bad values in {label!r}", [f"line {csv_line(i)}, column {label!r}: {table.at[i, label]!r} "
                                                         f"{NOT_A_MANIFEST_LABEL}" for i in bad])  # fmt: skip
+    outside = outside_roots(table["path"], image_roots) if image_roots is not None else table.index[:0]
     if image_roots is not None:
         where = " or ".join(str(r) for r in image_roots)
         problems += listed("paths outside the data root", [
             f"line {csv_line(i)}, column 'path': {table.at[i, 'path']!r} leaves the data root {where} (paths are "
-            "relative to it, without '..'); data.allow_outside_root=true reads it anyway"
-            for i in outside_roots(table["path"], image_roots)])  # fmt: skip
-    if check_files:
+            "relative to it, without '..'); data.allow_outside_root=true reads it anyway" for i in outside])  # fmt: skip
+    if check_files:  # a path outside the root is that problem alone, whether or not a file is there
+        inside = table["path"].drop(index=outside)
         problems += listed(
             "missing images",
-            [f"line {csv_line(i)}, column 'path': image file not found: {root / table.at[i, 'path']}"
-             for i in missing_files(root, table["path"].to_numpy(dtype=object))],
+            [f"line {csv_line(inside.index[i])}, column 'path': image file not found: {root / inside.iloc[i]}"
+             for i in missing_files(root, inside.to_numpy(dtype=object))],
         )  # fmt: skip
     return ManifestCheck(table, ordered, problems, values)
 
