@@ -101,9 +101,10 @@ def to_platform(frame: pd.DataFrame, labels: Sequence[str], source: str = "predi
         found, missing = label_columns(frame.columns, labels)
     except PredictionsError as error:
         raise PredictionsError(f"{source}: {error}") from None
-    if missing:
+    if missing:  # the columns the file has instead are usually the misspelt ones: name them too
+        unknown = [str(c) for c in frame.columns if c != ids and str(c) not in found.values()]
         raise PredictionsError(f"{source}: missing class column(s) {missing} (any spelling: case, spaces, "
-                               "underscores and hyphens are ignored)")  # fmt: skip
+                               f"underscores and hyphens are ignored); columns not recognised: {unknown or 'none'}")  # fmt: skip
     out = frame[[ids, *found.values()]].copy()
     out.columns = [ID_COLUMN, *found]
     return out

@@ -28,7 +28,11 @@ def test_aligns_by_id_and_marks_unlabelled(pair):
     [
         (lambda p: p.assign(A=[0.3, np.nan, 0.1]), "line 3, column 'A': 'nan' is not a probability"),
         (lambda p: p.assign(B=[0.8, 1.2, 0.7]), "line 3, column 'B': '1.2' is not a probability"),
-        (lambda p: p.drop(columns="B"), r"missing class column\(s\) \['B'\]"),
+        (lambda p: p.drop(columns="B"), r"missing class column\(s\) \['B'\] .*; columns not recognised: none$"),
+        (
+            lambda p: p.rename(columns={"B": "Bee"}),
+            r"missing class column\(s\) \['B'\] .*; columns not recognised: \['Bee'\]",
+        ),
         (lambda p: p.iloc[:2], r"1 missing \(e.g. \['y'\]\)"),
         (lambda p: p.assign(image_id=["z", "x", "w"]), r"1 unknown \(e.g. \['w'\]\)"),
         (lambda p: p.assign(image_id=["z", "x", "x"]), r"duplicated image_id\(s\) \['x'\]"),
