@@ -45,7 +45,7 @@ from evaluation.headline import DEFAULT, Headline
 from evaluation.metric_registry import SUITE
 from training.allowed_targets import UnsafeConfig
 from training.config_files import CONFIGS
-from training.errors import UserError, user_errors
+from training.errors import UserError, unknown_choice, user_errors
 from training.interrupts import warn_abandoned
 from training.run_lookup import ModelNotFound, existing_store_client  # without torch: ranking needs none
 from training.tracking.run_context import DEBUG_TAG, VAL_FINGERPRINT_TAG
@@ -186,7 +186,10 @@ def comparable(client: MlflowClient, experiment: str, task: str, metric: str, in
     """Rank the experiment's runs that are comparable with each other (module docstring, Comparability)."""
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        raise NoCandidate(f"no MLflow experiment {experiment!r}; train first (make train TASK={experiment})")
+        unknown = unknown_choice("task", experiment)  # then `make train TASK=<it>` would be refused too
+        raise NoCandidate(
+            f"no MLflow experiment {experiment!r}; " + (unknown or f"train first (make train TASK={experiment})")
+        )
     excluded: dict[str, list[str]] = {}
 
     def leave_out(reason: str, run_id: str) -> None:
@@ -384,9 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     uri = resolve_tracking_uri()
     mlflow.set_tracking_uri(uri)  # log_model below uses MLflow's fluent API
-    metric = args.metric or selection_metric(args.task)
     # An unknown or unsafe run is the user's to fix from the message; anything else is a bug, with its traceback.
     with user_errors(UnsafeConfig, ModelNotFound, NoCandidate, debug=args.debug):
+        metric = args.metric or selection_metric(args.task)
         # A store that is not there is refused, not created empty (a mistyped MLFLOW_TRACKING_URI, a fresh clone).
         client = existing_store_client(uri)
         warn_abandoned(client, args.experiment or args.task)

@@ -182,7 +182,7 @@ def check_overrides(config_name: str, argv: Sequence[str], configs: Path = CONFI
     groups = {o.key_or_group for o in overrides if (configs / o.key_or_group.replace(".", "/")).is_dir()}
     choices = [o for o in overrides if o.key_or_group in groups and not o.is_sweep_override()]
     for override in choices:
-        problem = _unknown_choice(override.key_or_group, override.value(), configs)
+        problem = unknown_choice(override.key_or_group, override.value(), configs)
         if problem:
             raise OverrideError(f"{override.input_line}: {problem}")
     choices = [o.input_line for o in choices]
@@ -210,7 +210,7 @@ def check_overrides(config_name: str, argv: Sequence[str], configs: Path = CONFI
             raise OverrideError(f"{override.input_line}: {problem}")
 
 
-def _unknown_choice(group: str, value, configs: Path) -> str | None:
+def unknown_choice(group: str, value, configs: Path = CONFIGS) -> str | None:
     """Why ``value`` names no option of the config group (Hydra would print its whole search path), or None."""
     folder = configs / group.replace(".", "/")
     if not isinstance(value, str) or (folder / f"{value}.yaml").is_file():

@@ -6,6 +6,7 @@ a registered version, so registering only moves the ``champion`` alias and no mo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -144,3 +145,13 @@ def test_nothing_comparable_is_one_line_naming_the_exclusions_and_registers_noth
     assert f"1 debug run(s) (a debug preset's subset; ARGS=--include-debug ranks them): {smoke}" in done.stderr
     assert store["client"].get_registered_model(NAME).aliases == {}  # no champion named, no version added
     assert len(store["client"].search_model_versions(f"name = '{NAME}'")) == 1
+
+
+@pytest.mark.parametrize(
+    ("task", "hint"),
+    [("task3", "no task called 'task3' (configs/task/); did you mean 'task2'? choices: "),
+     ("nih14", "train first (make train TASK=nih14)")],
+)  # fmt: skip
+def test_a_missing_experiment_gets_a_hint_that_works_when_typed(store, task, hint):
+    with pytest.raises(ValueError, match=rf"^no MLflow experiment '{task}'; {re.escape(hint)}"):
+        register_best(store["client"], task, "val/mAP")
