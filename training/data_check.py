@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from training.config_files import CONFIGS
-from training.data.check import check_dataset
+from training.data.audit import check_dataset
 from training.data.images import MAX_PIXELS
 from training.data.sources import image_roots, manifest_vocabulary, task_labels
 from training.errors import hydra_user_errors, run_hydra_entry

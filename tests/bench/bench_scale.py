@@ -151,7 +151,7 @@ def stage_manifest(workdir, rows, labels) -> dict:
 
 
 def stage_data_check(workdir, rows, labels) -> dict:
-    from training.data.check import check_dataset
+    from training.data.audit import check_dataset
 
     start = time.perf_counter()
     report = check_dataset(sized_manifest(workdir, rows), workdir / "images", labels=labels, workers=2)

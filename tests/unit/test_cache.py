@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from training.data.audit import check_dataset
 from training.data.cache import PreprocessedCache, image_list_fingerprint
-from training.data.check import check_dataset
 from training.data.datamodule import CXRDataModule
 from training.data.findings import CXRLT_FINDINGS
 from training.data.images import read_grayscale

@@ -18,7 +18,7 @@ from training.data.adapters.base import AdapterError
 from training.data.adapters.cxrlt2026 import CXRLT2026Source
 from training.data.adapters.cxrlt2026_files import REMOVAL, TASK2_CLASSES, TEST_LISTS, TRAINING_TABLE, class_list
 from training.data.adapters.nih_external import STAND_IN, NIHExternal
-from training.data.check import check_dataset
+from training.data.audit import check_dataset
 from training.data.findings import CXRLT_FINDINGS, TASK1_LABELS, TASK2_LABELS
 from training.data.manifest import load_manifest
 

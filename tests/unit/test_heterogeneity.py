@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from training.data.check import check_dataset
+from training.data.audit import check_dataset
 from training.data.heterogeneity import measure, view_group
 
 

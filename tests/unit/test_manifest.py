@@ -171,7 +171,7 @@ def test_ids_stay_text(make_manifest, task1_labels):
 
 def test_data_check_and_training_share_the_validation(make_manifest, task1_labels):
     """Every manifest training refuses, make data-check refuses too, with the same problem lines."""
-    from training.data.check import check_dataset
+    from training.data.audit import check_dataset
 
     path = make_manifest(n=12)
     original = pd.read_csv(path, dtype=str, keep_default_na=False)

@@ -17,7 +17,7 @@ from tests.conftest import PROJECT_ROOT
 from training.data.adapters.base import AdapterError
 from training.data.adapters.padchest import PadChestSource, parse_labels, roll_up
 from training.data.adapters.padchest_hierarchy import ROLLUP, markdown_table
-from training.data.check import check_dataset
+from training.data.audit import check_dataset
 from training.data.findings import CXRLT_FINDINGS
 from training.data.splits import patient_split
 

@@ -46,7 +46,7 @@ from training.data.adapters.cxrlt2026_files import (
     removal_ids,
 )
 from training.data.adapters.nih_external import NIHExternal
-from training.data.adapters.tables import id_problems, label_values, match_label_columns, raise_if
+from training.data.adapters.spreadsheets import id_problems, label_values, match_label_columns, raise_if
 from training.data.findings import CXRLT_FINDINGS, TASK1_LABELS
 from training.data.splits import stratified_patient_split
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
-from training.data.adapters.tables import id_problems, raise_if, read_table, require_columns
+from training.data.adapters.spreadsheets import id_problems, raise_if, read_table, require_columns
 from training.data.findings import NIH14_LABELS
 from training.data.manifest import csv_line, listed
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from training.data.adapters.base import AdapterError
-from training.data.adapters.tables import id_problems, label_values, match_label_columns, raise_if, read_table
+from training.data.adapters.spreadsheets import id_problems, label_values, match_label_columns, raise_if, read_table
 from training.data.findings import KNOWN_FINDINGS
 
 log = logging.getLogger(__name__)

@@ -51,7 +51,7 @@ import pandas as pd
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
 from training.data.adapters.cxrlt2026_files import REMOVAL, release_file, removal_ids
 from training.data.adapters.padchest_hierarchy import EXCLUDE, ROLLUP, SUBOPTIMAL, pairs
-from training.data.adapters.tables import id_problems, raise_if
+from training.data.adapters.spreadsheets import id_problems, raise_if
 from training.data.findings import CXRLT_FINDINGS
 from training.data.manifest import csv_line, listed
 from training.data.splits import patient_split

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from training.data.adapters.base import AdapterError, AdapterSource
-from training.data.adapters.tables import raise_if
+from training.data.adapters.spreadsheets import raise_if
 from training.data.manifest import SCIENTIFIC, listed, mangled_id_problem
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from training.data.adapters.base import UNASSIGNED, AdapterError, AdapterSource
-from training.data.adapters.tables import (
+from training.data.adapters.spreadsheets import (
     id_problems,
     label_values,
     match_label_columns,
