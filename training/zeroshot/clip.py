@@ -25,29 +25,9 @@ from torch import nn
 from training.data.transforms import GRAY_MEAN, GRAY_STD
 from training.models.module import MultiLabelClassifier
 from training.zeroshot.proxy_ood import ProxyOOD
-from training.zeroshot.text_encoders import TextEncoder
 from training.zeroshot.text_side import text_embeddings
 
 FINETUNE = ("none", "head", "visual")
-
-
-class ClipTextEncoder(TextEncoder):
-    """An open_clip text tower as a ``TextEncoder``; cacheable only when its weights are named."""
-
-    def __init__(self, model, tokenizer, identity: str | None, batch_size: int = 128):
-        self.model, self.tokenizer, self.identity, self.batch_size = model, tokenizer, identity, batch_size
-
-    @property
-    def cache_key(self) -> str | None:
-        return self.identity
-
-    @torch.no_grad()
-    def encode(self, texts):
-        chunks = [
-            self.model.encode_text(self.tokenizer(list(texts[i : i + self.batch_size])), normalize=True).float()
-            for i in range(0, len(texts), self.batch_size)
-        ]
-        return torch.cat(chunks).numpy()  # (N, D)
 
 
 class ClipImageEncoder(nn.Module):
@@ -124,6 +104,8 @@ class ClipClassifier(MultiLabelClassifier):
 
     def build_network(self, model_cfg: dict):
         import open_clip  # heavy optional dependency, only for this adapter
+
+        from training.zeroshot.clip_text import ClipTextEncoder  # imports open_clip too
 
         cfg = self.hparams["adapter_cfg"]
         self.finetune = str(cfg.get("finetune", "none"))
