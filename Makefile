@@ -118,8 +118,12 @@ card: $(VENV)/.benchmarks ## Model card across every configured benchmark, logge
 dicom-balance: setup ## Acquisition balance of a reader study's subsets (Pearson's chi-square on DICOM tags): make dicom-balance DATA_ROOT=<dir> [NAME=reveal] [BY=subset]
 	$(PY) -m apps.benchmarks.reveal.balance_cli --name '$(or $(NAME),reveal)' --data-root '$(DATA_ROOT)' --by '$(or $(BY),subset)' $(ARGS)
 
-ui: setup ## MLflow UI on http://127.0.0.1:5000 (PORT=...) to compare runs
-	$(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)
+# One reader needs one web worker and none of the job runner (GenAI evaluation jobs: a dozen processes, ~2 GB);
+# MLflow's own MLFLOW_WORKERS and MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true ask for them.
+UI_ENV = MLFLOW_WORKERS=$${MLFLOW_WORKERS:-1} MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
+ui: setup ## MLflow UI, opening on the training runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (PORT=...)
+	echo "MLflow UI: http://127.0.0.1:$(PORT)/#/experiments?workflowType=machine_learning"
+	$(UI_ENV) $(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)
 
 HOST ?= 127.0.0.1
 PG_PORT ?= 5432
