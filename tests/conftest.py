@@ -68,6 +68,23 @@ def run_env(tmp_path):
     return env
 
 
+@pytest.fixture(scope="session")
+def smoke_data(tmp_path_factory):
+    """``(root, manifest)``: one parent folder of generated sets for every training of the session, holding the
+    ``debug=smoke`` set already generated. Each set is keyed by its settings and generated under a lock
+    (training/data/sources.py), so a training passed ``data.source.root=<root>`` reuses it instead of paying the
+    generation again; one with other sizes adds a set of its own beside it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from training.config_files import CONFIGS
+
+    root = tmp_path_factory.mktemp("synthetic")
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose("train", overrides=["debug=smoke", f"data.source.root={root}"])
+    return root, Path(instantiate(cfg.data.source).prepare())
+
+
 def train_command(tmp_path: Path, *overrides: str) -> list[str]:
     """``python -m training.train`` with every output (store, artifacts, checkpoints) under ``tmp_path``."""
     return [
@@ -100,13 +117,14 @@ def train_tiny_manifest_run(tmp_path: Path, manifest: Path, env: dict, *override
     return client, run
 
 
-def register_smoke_champion(tmp_path: Path, env: dict, description: str = ""):
+def register_smoke_champion(tmp_path: Path, env: dict, data_root: Path, description: str = ""):
     """Train a task1 smoke run (no TTA, perturbation or plots) into ``env``'s store and register it as
-    ``cxrlt-task1@champion``; returns ``(client, run)``. What the benchmark and card CLI tests start from."""
+    ``cxrlt-task1@champion``; returns ``(client, run)``. What the benchmark and card CLI tests start from;
+    ``data_root`` is where the synthetic set is generated (``smoke_data``'s root: already there)."""
     from mlflow import MlflowClient
 
     trained = subprocess.run(
-        train_command(tmp_path, "debug=smoke", f"data.source.root={tmp_path}/synthetic", "tta.enabled=false",
+        train_command(tmp_path, "debug=smoke", f"data.source.root={data_root}", "tta.enabled=false",
                       "evaluation.perturbation.enabled=false", "evaluation.plots=false",
                       "trainer.enable_progress_bar=false"),
         env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT,

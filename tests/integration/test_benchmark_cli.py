@@ -94,8 +94,8 @@ def test_clip_model_both_versions_logged_with_table_scores_and_fingerprints(tmp_
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 3  # train once, test twice (two test subsets)
 
 
-def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(tmp_path, run_env):
-    client, run = register_smoke_champion(tmp_path, run_env)
+def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(tmp_path, run_env, smoke_data):
+    client, run = register_smoke_champion(tmp_path, run_env, smoke_data[0])
 
     target = PROTOCOL.target
     encoder = load_encoder("models:/cxrlt-task1@champion", (target,), run_env["MLFLOW_TRACKING_URI"])

@@ -24,11 +24,11 @@ N_BOOT = 50
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory):
+def registered(tmp_path_factory, smoke_data):
     """A smoke run of task1 (no Pneumonia output) registered as cxrlt-task1@champion, in a store of its own."""
     tmp = tmp_path_factory.mktemp("card")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
-    client, run = register_smoke_champion(tmp, env, description="Smoke run for the card test.")
+    client, run = register_smoke_champion(tmp, env, smoke_data[0], description="Smoke run for the card test.")
     return tmp, env, client, run
 
 

@@ -48,10 +48,10 @@ def _single_process_env(tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
+def ddp_run(tmp_path_factory, smoke_data):
     tmp = tmp_path_factory.mktemp("ddp")
     env = _single_process_env(tmp)
-    done = subprocess.run(train_command(tmp, *OVERRIDES, f"data.source.root={tmp}/synthetic"), env=env,
+    done = subprocess.run(train_command(tmp, *OVERRIDES, f"data.source.root={smoke_data[0]}"), env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
@@ -118,10 +118,10 @@ def test_test_map_equals_a_single_process_evaluation_of_the_best_checkpoint(best
 
 
 @pytest.mark.slow
-def test_torchrun_starts_the_ranks_and_still_writes_one_run(tmp_path):
+def test_torchrun_starts_the_ranks_and_still_writes_one_run(tmp_path, smoke_data):
     """All ranks start together under torchrun: rank 0's run reaches the others by broadcast, not inheritance."""
     env = _single_process_env(tmp_path)
-    command = train_command(tmp_path, *OVERRIDES, f"data.source.root={tmp_path}/synthetic")
+    command = train_command(tmp_path, *OVERRIDES, f"data.source.root={smoke_data[0]}")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     done = subprocess.run(
         torchrun + command[2:], env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT

@@ -36,13 +36,13 @@ def make(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def members(tmp_path_factory):
+def members(tmp_path_factory, smoke_data):
     """Three finished smoke runs of task1 differing only in their seed, on one generated data set."""
     tmp = tmp_path_factory.mktemp("ensemble")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1",
            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
     for seed in range(3):
-        done = subprocess.run(train_command(tmp, *SMOKE, f"seed={seed}", f"data.source.root={tmp}/synthetic"),
+        done = subprocess.run(train_command(tmp, *SMOKE, f"seed={seed}", f"data.source.root={smoke_data[0]}"),
                               env=env, capture_output=True, text=True, timeout=900, cwd=PROJECT_ROOT)  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])

@@ -66,7 +66,7 @@ def test_an_artifact_replaced_by_a_symbolic_link_is_refused_by_name(tmp_path, ar
         load_finished(run_id, client)
 
 
-def test_resume_of_a_run_recorded_under_another_config_is_refused_naming_the_settings(tmp_path, run_env):
+def test_resume_of_a_run_recorded_under_another_config_is_refused_naming_the_settings(tmp_path, run_env, smoke_data):
     """The run was started with ``loss=bce``; ``resume=<its id>`` with ``loss=asl`` must not continue it."""
     from mlflow import MlflowClient
 
@@ -79,7 +79,7 @@ def test_resume_of_a_run_recorded_under_another_config_is_refused_naming_the_set
     torch.save({"epoch": 0}, last)
 
     done = subprocess.run(train_command(tmp_path, "debug=smoke", "loss=asl", f"resume={run_id}",
-                                        f"data.source.root={tmp_path}/synthetic"),
+                                        f"data.source.root={smoke_data[0]}"),
                           env=run_env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)  # fmt: skip
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Traceback" not in done.stderr

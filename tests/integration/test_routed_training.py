@@ -22,11 +22,11 @@ pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs
 
 
 @pytest.fixture(scope="module")
-def routed_run(tmp_path_factory):
+def routed_run(tmp_path_factory, smoke_data):
     tmp = tmp_path_factory.mktemp("routed")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
-        train_command(tmp, "task=task1", "debug=smoke", "model=routed_regnetx_004", f"data.source.root={tmp}/synthetic",
+        train_command(tmp, "task=task1", "debug=smoke", "model=routed_regnetx_004", f"data.source.root={smoke_data[0]}",
                       "trainer.enable_progress_bar=false"),
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

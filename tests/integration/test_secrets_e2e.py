@@ -62,12 +62,12 @@ def make(target: str, env: dict, **variables: str) -> subprocess.CompletedProces
     return subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_thirty_two_secret_forms_reach_no_file_and_no_terminal(tmp_path, run_env):
+def test_thirty_two_secret_forms_reach_no_file_and_no_terminal(tmp_path, run_env, smoke_data):
     overrides, secret_env, values = forms()
     assert len(values) >= 30
     env = {**run_env, **secret_env}
     paths = [f"tracking.artifact_root={tmp_path}/artifacts", f"tracking.checkpoint_root={tmp_path}/checkpoints",
-             f"data.source.root={tmp_path}/synthetic"]  # fmt: skip
+             f"data.source.root={smoke_data[0]}"]  # fmt: skip
     args = shlex.join([*paths, *SMOKE, *overrides])
     trained = make("train", env, TASK="task1", ARGS=args)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]

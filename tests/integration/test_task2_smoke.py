@@ -29,13 +29,13 @@ MACRO_KEYS = ("mAP", "mAUROC", "mF1", "mECE")
 
 
 @pytest.fixture(scope="module")
-def task2_runs(tmp_path_factory):
+def task2_runs(tmp_path_factory, smoke_data):
     tmp = tmp_path_factory.mktemp("task2")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     tiny = tmp / "tiny_clip"
     tiny.mkdir()
     (tiny / "open_clip_config.json").write_text(json.dumps(TINY_CLIP))
-    common = ("task=task2", "debug=smoke", f"data.source.root={tmp}/synthetic", "trainer.enable_progress_bar=false")
+    common = ("task=task2", "debug=smoke", f"data.source.root={smoke_data[0]}", "trainer.enable_progress_bar=false")
     variants = {
         "semantic": (),
         "clip": ("adapter=clip", f"adapter.model=local-dir:{tiny}", "adapter.finetune=head", "adapter.proxy.k=2",
@@ -87,11 +87,11 @@ def test_task2_reports_unseen_classes_overall_internal_and_external_with_cis(tas
         in outputs["semantic"]  # fmt: skip
 
 
-def test_unseen_predictions_carry_the_true_labels_of_the_full_manifest(task2_runs, tmp_path):
+def test_unseen_predictions_carry_the_true_labels_of_the_full_manifest(task2_runs, smoke_data, tmp_path):
     tmp, client, runs, _ = task2_runs
     run_id = runs["semantic"].info.run_id
     frame = pd.read_csv(client.download_artifacts(run_id, "predictions/test_unseen.csv", str(tmp_path)))
-    manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
+    manifest = pd.read_csv(smoke_data[1])
     test = manifest[manifest["split"] == "test"].set_index("image_id")
     assert sorted(frame["image_id"]) == sorted(test.index)
     truth = frame.set_index("image_id")[[f"true/{n}" for n in TASK2_LABELS]]
@@ -142,7 +142,7 @@ def test_make_evaluate_reports_the_unseen_classes_again(task2_runs):
 
 
 def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_columns(
-    task2_runs, tmp_path, monkeypatch
+    task2_runs, smoke_data, tmp_path, monkeypatch
 ):
     tmp, client, runs, _ = task2_runs
     run_id = runs["semantic"].info.run_id
@@ -169,7 +169,7 @@ def test_registered_task2_model_serves_seen_and_unseen_and_submits_the_unseen_co
     reported = reported.set_index("image_id").loc[submission.index, list(TASK2_LABELS)]
     np.testing.assert_allclose(submission.to_numpy(), reported[list(TASK2_COLUMNS)].to_numpy(), atol=2e-5)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])  # not set_tracking_uri: it outlives the test
-    manifest_path = next((tmp / "synthetic").glob("*/manifest.csv"))
+    manifest_path = smoke_data[1]
     # A served model opens paths only under the image root it is given (docs/tuning-registry-submission.md).
     model = mlflow.pyfunc.load_model("models:/cxrlt-task2@champion",
                                      model_config={"image_root": str(manifest_path.parent)})  # fmt: skip

@@ -25,11 +25,11 @@ pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs
 
 
 @pytest.fixture(scope="module")
-def calibrated_run(tmp_path_factory):
+def calibrated_run(tmp_path_factory, smoke_data):
     tmp = tmp_path_factory.mktemp("temperature")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
-        train_command(tmp, "debug=smoke", "calibration=per_class", f"data.source.root={tmp}/synthetic",
+        train_command(tmp, "debug=smoke", "calibration=per_class", f"data.source.root={smoke_data[0]}",
                       "trainer.enable_progress_bar=false", "tta.enabled=false",
                       "evaluation.perturbation.enabled=false"),
         env=env, capture_output=True, text=True, timeout=900,

@@ -26,8 +26,8 @@ MODELS = ("regnetx_004", "resnet18")
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory):
-    """Two smoke runs differing only in ``model=``, sharing one store and one generated data set."""
+def smoke_runs(tmp_path_factory, smoke_data):
+    """Two smoke runs differing only in ``model=``, sharing one store and the session's generated data set."""
     tmp = tmp_path_factory.mktemp("smoke")
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     env = {**os.environ, **env}
@@ -35,7 +35,7 @@ def smoke_runs(tmp_path_factory):
     for model in MODELS:
         started = time.perf_counter()
         done = subprocess.run(  # stdout a pipe, not a terminal: progress is one line per epoch
-            train_command(tmp, "debug=smoke", f"model={model}", f"data.source.root={tmp}/synthetic"),
+            train_command(tmp, "debug=smoke", f"model={model}", f"data.source.root={smoke_data[0]}"),
             env=env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -49,7 +49,7 @@ def _runs(client):
     return {run.data.params["model.name"]: run for run in client.search_runs([experiment.experiment_id])}
 
 
-def test_smoke_run_logs_the_contracted_keys(smoke_runs):
+def test_smoke_run_logs_the_contracted_keys(smoke_runs, smoke_data):
     tmp, client, _ = smoke_runs
     runs = _runs(client)
     assert set(runs) == set(MODELS)
@@ -72,8 +72,7 @@ def test_smoke_run_logs_the_contracted_keys(smoke_runs):
     assert len(client.get_metric_history(run.info.run_id, "val/mAP")) == 1
     assert tags["task"] == "task1" and tags["data_source"] == "synthetic" and tags["synthetic_data"] == "true"
     assert tags["mlflow.source.git.commit"]
-    manifests = list((tmp / "synthetic").glob("*/manifest.csv"))
-    assert len(manifests) == 1 and tags["dataset_fingerprint"] == file_fingerprint(manifests[0])
+    assert tags["dataset_fingerprint"] == file_fingerprint(smoke_data[1])
 
 
 def test_a_piped_training_prints_a_progress_line_per_epoch_and_each_lightning_line_once(smoke_runs):
@@ -85,7 +84,7 @@ def test_a_piped_training_prints_a_progress_line_per_epoch_and_each_lightning_li
     assert printed.count("Seed set to 42") == 1 and "INFO: " not in printed, printed[:3000]
 
 
-def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_path):
+def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, smoke_data, tmp_path):
     tmp, client, _ = smoke_runs
     run = _runs(client)["regnetx_004"]
     run_id = run.info.run_id
@@ -101,7 +100,7 @@ def test_smoke_run_stores_one_checkpoint_config_and_predictions(smoke_runs, tmp_
     config = client.download_artifacts(run_id, "config.yaml", str(tmp_path))
     assert "backbone: regnetx_004" in Path(config).read_text()
     predictions = pd.read_csv(client.download_artifacts(run_id, "predictions/test.csv", str(tmp_path)))
-    manifest = pd.read_csv(next((tmp / "synthetic").glob("*/manifest.csv")))
+    manifest = pd.read_csv(smoke_data[1])
     test_ids = manifest.loc[manifest["split"] == "test", "image_id"]
     assert sorted(predictions["image_id"]) == sorted(test_ids)
     probs = predictions[list(TASK1_LABELS)].to_numpy()
@@ -141,12 +140,12 @@ def test_both_runs_appear_side_by_side_in_the_ui_rest_api(smoke_runs):
         stop_process_group(server)
 
 
-def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs):
+def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs, smoke_data):
     tmp, client, _ = smoke_runs
     parent = _runs(client)["resnet18"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
     done = subprocess.run(
-        train_command(tmp, "debug=smoke", "model=resnet18", f"data.source.root={tmp}/synthetic", "stage=crt",
+        train_command(tmp, "debug=smoke", "model=resnet18", f"data.source.root={smoke_data[0]}", "stage=crt",
                       f"stage.parent_run={parent.info.run_id}", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
                       "tta.enabled=false", "evaluation.perturbation.enabled=false"),
         env=env, capture_output=True, text=True, timeout=900,
@@ -182,13 +181,13 @@ def test_make_evaluate_rewrites_the_run_metrics(smoke_runs):
     assert "test_gated/mAP" in metrics and "test_logit_adjusted/mAP" in metrics
 
 
-def test_the_same_seed_trains_the_same_model_again(smoke_runs):
+def test_the_same_seed_trains_the_same_model_again(smoke_runs, smoke_data):
     """Seeded end to end, augmentation included: the repeat's losses and scores equal the first run's exactly."""
     tmp, client, _ = smoke_runs
     first = _runs(client)["regnetx_004"]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
-        train_command(tmp, "debug=smoke", f"model={MODELS[0]}", f"data.source.root={tmp}/synthetic",
+        train_command(tmp, "debug=smoke", f"model={MODELS[0]}", f"data.source.root={smoke_data[0]}",
                       "trainer.enable_progress_bar=false", "tracking.experiment=repeat"),
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
