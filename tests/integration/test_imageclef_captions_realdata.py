@@ -12,10 +12,12 @@ import csv
 import numpy as np
 import pytest
 
+from apps.benchmarks.framework.extra import INSTALL
 from apps.benchmarks.imageclef_captions.scoring import caption_scores, constant_caption, read_caption_run, read_captions
 from tests.conftest import shared_data
 
 pytestmark = pytest.mark.realdata
+pytest.importorskip("rouge_score", reason=INSTALL)  # the caption metrics' packages are the benchmarks extra
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ through the command line into MLflow."""
 from __future__ import annotations
 
 from collections import Counter
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
@@ -12,12 +13,16 @@ from mlflow import MlflowClient
 
 from apps.benchmarks import cli
 from apps.benchmarks.framework.catalog import load_protocol
+from apps.benchmarks.framework.extra import INSTALL
 from apps.benchmarks.framework.protocol import BadInput
 from apps.benchmarks.framework.report import render_report
 from apps.benchmarks.framework.runner import draw_subsets, load_model, run_benchmark
 from apps.benchmarks.imageclef_captions.scoring import preprocess, rouge1_f
 from tests.benchmark_data import write_tiny_clip
 from tests.imageclef_data import ABDOMEN, CHEST, MODALITY, NODULE, caption_of, concepts_of, write_rocov2
+
+#: The captions benchmark scores with the benchmarks extra's packages.
+captions_metrics = pytest.mark.skipif(find_spec("rouge_score") is None, reason=INSTALL)
 
 
 def run(name, root, spec, n_boot=40):
@@ -65,7 +70,7 @@ def test_the_secondary_vocabulary_is_the_2024_tasks_by_default_and_a_wrong_name_
         ConceptProtocol("x", "x", 0, {"rocov2-test": "test"}, {}, 10, "1999", "{name}", "image")
 
 
-@pytest.mark.parametrize("name", ["imageclef-concepts", "imageclef-captions"])
+@pytest.mark.parametrize("name", ["imageclef-concepts", pytest.param("imageclef-captions", marks=captions_metrics)])
 def test_the_version_is_rocov2s_own_test_split_and_the_report_says_it_is_not_the_2024_test_set(tmp_path, name):
     write_rocov2(tmp_path)
     protocol = load_protocol(name)
@@ -88,6 +93,7 @@ def test_a_release_without_its_images_is_named(tmp_path):
         draw_subsets(load_protocol("imageclef-concepts"), tmp_path)
 
 
+@captions_metrics
 def test_the_most_common_caption_floor_and_retrieval(tmp_path):
     write_rocov2(tmp_path)
     result = run("imageclef-captions", tmp_path, write_tiny_clip(tmp_path / "clip"))
@@ -107,6 +113,7 @@ def test_the_most_common_caption_floor_and_retrieval(tmp_path):
     assert set(result.scores["nearest"]) <= {caption_of(i) for i in range(40)} and len(constant) > 0
 
 
+@captions_metrics
 def test_both_through_the_command_line_into_mlflow(tmp_path, capsys):
     write_rocov2(tmp_path / "data")
     spec = write_tiny_clip(tmp_path / "clip")

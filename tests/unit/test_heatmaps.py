@@ -16,6 +16,7 @@ from torch import nn
 from apps.benchmarks.framework import heatmaps as hm
 from apps.benchmarks.framework.clip_models import ClipEncoder
 from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
+from apps.benchmarks.framework.extra import INSTALL
 from apps.benchmarks.framework.platform_models import PlatformRunEncoder, map_outputs
 from tests.benchmark_data import write_tiny_clip
 from training.data.transforms import GRAY_MEAN, GRAY_STD
@@ -105,6 +106,7 @@ def manual_gradcam(network: QuadrantNetwork, images: np.ndarray, columns: list[i
 
 @pytest.fixture
 def toy():
+    pytest.importorskip("pytorch_grad_cam", reason=INSTALL)
     torch.manual_seed(0)
     network = QuadrantNetwork()
     return network, ToyRunEncoder(network, QuadrantNetwork.LABELS, TARGETS)
@@ -182,6 +184,7 @@ def test_gradcam_layer_of_timm_backbones(name, layer):
 
 
 def test_gradcam_on_a_timm_backbone_end_to_end():
+    pytest.importorskip("pytorch_grad_cam", reason=INSTALL)
     torch.manual_seed(0)
     network = nn.Module()
     network.backbone = create_backbone("resnet18")

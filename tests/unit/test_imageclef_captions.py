@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from apps.benchmarks.framework.extra import INSTALL
 from apps.benchmarks.imageclef_captions import scoring
 from apps.benchmarks.imageclef_captions.scoring import (
     BERTSCORE_MODEL,
@@ -33,6 +34,8 @@ from apps.benchmarks.imageclef_captions.scoring import (
     resolve_local_model,
     rouge1_f,
 )
+
+pytest.importorskip("rouge_score", reason=INSTALL)  # the metrics' packages are the benchmarks extra, all or none
 
 # ----------------------------------------------------------------------------------------------------------------
 # preprocess
@@ -142,7 +145,6 @@ PAIRS = [
 
 
 def test_meteor_matches_the_meteor_jar_and_the_empty_rule():
-    pytest.importorskip("pycocoevalcap")
     from pycocoevalcap.meteor.meteor import Meteor
 
     refs, cands = [r for r, _ in PAIRS], [c for _, c in PAIRS]
@@ -159,7 +161,6 @@ def test_meteor_matches_the_meteor_jar_and_the_empty_rule():
 
 
 def test_cider_matches_pycocoevalcap_over_the_whole_set():
-    pytest.importorskip("pycocoevalcap")
     from pycocoevalcap.cider.cider import Cider
 
     refs, cands = [r for r, _ in PAIRS], [c for _, c in PAIRS]

@@ -12,7 +12,7 @@ from types import ModuleType
 
 from apps.benchmarks.framework.protocol import BadInput
 
-INSTALL = "run `make benchmark` once, or `pip install -e '.[benchmarks]'`"
+INSTALL = "install the benchmark-only packages with make benchmarks-extra (or pip install -e '.[benchmarks]')"
 
 
 class MissingExtra(BadInput):
@@ -25,4 +25,4 @@ def require(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
         package = (error.name or module).split(".")[0]
-        raise MissingExtra(f"{package} is not installed (a benchmark-only package): {INSTALL}") from error
+        raise MissingExtra(f"{package} is not installed: {INSTALL}") from error

@@ -268,7 +268,6 @@ class _Logits(nn.Module):
 
 def gradcam_heatmaps(encoder: PlatformRunEncoder, images: np.ndarray, labels: Sequence[str]) -> np.ndarray | None:
     """Grad-CAM maps of a platform classifier (see the module docstring); ``None`` for a transformer backbone."""
-    GradCAM = require("pytorch_grad_cam").GradCAM
     model = encoder.model
     n, size = len(images), images.shape[-1]
     layer = gradcam_layer(model.backbone, size)
@@ -280,7 +279,7 @@ def gradcam_heatmaps(encoder: PlatformRunEncoder, images: np.ndarray, labels: Se
         return out
     with _frozen(model):
         x = encoder.to_tensor(images).requires_grad_(True)  # the graph reaches the map through the input alone
-        cam = GradCAM(_Logits(model), [layer.module])
+        cam = require("pytorch_grad_cam").GradCAM(_Logits(model), [layer.module])
         try:
             for j, columns in wanted:
                 out[:, j] = cam(x, [LogitSum(columns)] * n)
