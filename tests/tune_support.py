@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from sqlalchemy import create_engine, text
 
-from training.tuning.trial_run import WORKER_ATTR, is_surplus
+from training.tuning.trial_run import WORKER_ATTR
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: A study small enough for a test: the smoke data cut further, one epoch, no bootstrap, no pruning.
@@ -40,24 +40,19 @@ def prepare_data(tmp: Path) -> None:
     instantiate(cfg.data.source).prepare()
 
 
-def trained_trials(study: optuna.Study, target: int) -> list[optuna.trial.FrozenTrial]:
-    """The trials that trained, after checking the surplus ones (workers that lost the race for the last slot).
-
-    A surplus trial is numbered after every trained one, ended PRUNED before training (no MLflow run), and there
-    is at most one per extra worker, so the study never trains more than ``target`` trials.
-    """
+def shared_study_trials(
+    study: optuna.Study, target: int, workers: int, record: str = ""
+) -> list[optuna.trial.FrozenTrial]:
+    """The trials of a study ``workers`` shared, after checking their count: at least ``target``, and at most one more
+    per extra worker (two workers that finish together may both start one: Optuna's ``MaxTrialsCallback``)."""
     trials = study.get_trials()
-    surplus = [t for t in trials if is_surplus(t)]
-    trained = [t for t in trials if not is_surplus(t)]
-    for trial in surplus:
-        assert trial.state == optuna.trial.TrialState.PRUNED and "mlflow_run_id" not in trial.user_attrs
-        assert trial.number >= target
-    return trained
+    assert target <= len(trials) <= target + workers - 1, record
+    return trials
 
 
 #: Lines of a worker's output that say how one of its trials ended, or why it stopped.
 TRIAL_LINES = re.compile(r"Trial \d+ (finished|failed|pruned)|^trial \d+|stopped beating|failed under this worker|"
-                         r"Cannot tell|Error|Traceback|nothing to run|waiting up to")  # fmt: skip
+                         r"Cannot tell|Error|Traceback|nothing to run")  # fmt: skip
 
 
 #: Each trial's last heartbeat, from Optuna's own table (its Python API does not expose heartbeats).
@@ -71,7 +66,7 @@ def study_record(storage: str, study_name: str, outputs: Sequence[str] = ()) -> 
     """The study as a shared-study assertion prints it on failure, so that a failure says which rule ended a trial.
 
     Per trial: state, worker, start and end, last heartbeat (:data:`HEARTBEATS`) and how far it lay from the end,
-    the retry records (``failed_trial``, ``retry_history``) and the surplus mark; then the database clock, and each
+    the retry records (``failed_trial``, ``retry_history``); then the database clock, and each
     worker's lines about its trials.
     A trial failed by the dead-worker rule shows a heartbeat older than ``tune.grace_period`` at a FAIL written by
     another worker; a trial failed by its own training shows the worker's "Trial N failed ... because of" line.
@@ -91,7 +86,7 @@ def study_record(storage: str, study_name: str, outputs: Sequence[str] = ()) -> 
         retry = {k: t.system_attrs[k] for k in ("failed_trial", "retry_history") if k in t.system_attrs}
         lines.append(f"trial {t.number}: {t.state.name} worker={t.user_attrs.get(WORKER_ATTR)} "
                      f"start={t.datetime_start} end={end} last_heartbeat={beat}{gap} retry={retry or None} "
-                     f"surplus={is_surplus(t)} values={t.values}")  # fmt: skip
+                     f"values={t.values}")  # fmt: skip
     for k, output in enumerate(outputs):
         lines.append(f"--- worker {k}:")
         lines += [line for line in output.splitlines() if TRIAL_LINES.search(line)][-40:]

@@ -16,25 +16,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from training.config_files import CONFIGS
-from training.errors import hydra_user_errors
+from training.errors import hydra_user_errors, run_hydra_entry
 from training.tracking.health import check_reachable
 from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
 from training.tuning.heartbeat import optimize_until_done
-from training.tuning.trial_run import Objective
 from training.tuning.pareto import describe_front, log_front, write_front_report
 from training.tuning.report import StudyState, log_best, write_report
 from training.tuning.space import SearchSpace
-from training.tuning.study import (
-    TrialBudget,
-    await_parent,
-    build_storage,
-    open_study,
-    parent_run,
-    start_wait,
-    study_goals,
-)
+from training.tuning.study import COUNTED, await_parent, build_storage, open_study, parent_run, study_goals, trials_left
+from training.tuning.trial_run import Objective
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +41,8 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     client = tracking_client(tracking_uri(cfg))
     parent = parent_run(cfg, study, existing, client)
     metric, target = str(cfg.tune.metric), int(cfg.tune.trials)
-    budget = TrialBudget(target)
     objective = Objective(compose, overrides, space, metric, str(cfg.tune.direction), parent, study.study_name,
-                          int(cfg.tune.worker), admits=budget.admits, goals=goals)  # fmt: skip
+                          int(cfg.tune.worker), goals=goals)  # fmt: skip
 
     def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """After each trial: the front of a multi-objective study, the best so far of a single-objective one."""
@@ -62,13 +53,12 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
 
     status = "FINISHED"
     try:
-        # Not a count of trials alone: a dead worker's RUNNING trial must be failed and queued again first. A trial
-        # of this worker that another failed under it (training.tuning.heartbeat) is dropped with one line.
+        # A trial of this worker that another failed under it (training.tuning.heartbeat) is dropped with one line.
         optimize_until_done(
-            study, objective, budget.has_work, start_wait(cfg), cfg.tune.timeout,
+            study, objective, lambda study: trials_left(study, target), cfg.tune.timeout,
             catch=(Exception,),  # a failed trial (diverged, bad combination) is recorded; the study goes on
             gc_after_trial=True,
-            callbacks=[budget, report],
+            callbacks=[optuna.study.MaxTrialsCallback(target, states=COUNTED), report],
         )  # fmt: skip
     except BaseException:
         status = "KILLED"
@@ -104,4 +94,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_hydra_entry(main, "tune")

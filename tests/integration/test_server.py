@@ -27,7 +27,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from tests.conftest import free_port, train_command
-from tests.tune_support import study_record, trained_trials
+from tests.tune_support import shared_study_trials, study_record
 from training.tracking.server import (
     MAX_OVERFLOW_ENV,
     POOL_SIZE_ENV,
@@ -40,6 +40,7 @@ from training.tracking.server import (
     pool_env,
     wait_until_up,
 )
+from training.tuning.heartbeat import CLOCK_STEP_S
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ADMIN_PASSWORD = "Adm1n-test-pw-7c1f"  # a throwaway server's; the point is that it never shows up in a run
@@ -211,10 +212,9 @@ def test_two_tuning_workers_share_one_postgresql_study(team_server, admin, synth
     assert all(team_server.db_password not in output for output in outputs)
 
     study = optuna.load_study(study_name="workers", storage=storage)
-    trained = trained_trials(study, trials)
     record = study_record(storage, "workers", outputs)  # what a failure below prints: who ended which trial, when
     print(record)  # shown by pytest -rP on a pass, to compare timings
-    assert sorted(t.number for t in trained) == list(range(trials)), record  # none duplicated, lost or extra
+    trained = shared_study_trials(study, trials, workers=2, record=record)
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trained), record
     assert {t.user_attrs["cxrlt.worker"] for t in trained} == {0, 1}, record
 
@@ -225,7 +225,7 @@ def test_two_tuning_workers_share_one_postgresql_study(team_server, admin, synth
     assert len(parents) == 1
     assert parents[0].data.tags["optuna.storage"].startswith("postgresql://mlflow:***@")
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == list(range(trials))
+    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == [t.number for t in trained]
     assert {r.data.tags["optuna.worker"] for r in children} == {"0", "1"}
     for run in runs:
         assert team_server.db_password not in repr(run.data.params) + repr(run.data.tags)
@@ -239,7 +239,8 @@ def test_killed_worker_trial_fails_and_another_worker_completes_the_study(
     storage = f"postgresql://mlflow@127.0.0.1:{team_server.pg_port}/optuna_kill"
     monkeypatch.setenv("PGPASSWORD", team_server.db_password)  # the documented way: not in the URL
     env = {**team_server.env(), "PGPASSWORD": team_server.db_password}
-    beat = ("tune.study=kill", "tune.heartbeat_interval=1", "tune.grace_period=3")
+    grace = 3
+    beat = ("tune.study=kill", "tune.heartbeat_interval=1", f"tune.grace_period={grace}")
     first = subprocess.Popen(_tune(tmp_path, synthetic, storage, 2, "tune.worker=0", *beat), env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     deadline = time.time() + 240
@@ -255,6 +256,7 @@ def test_killed_worker_trial_fails_and_another_worker_completes_the_study(
         victim = next((t for t in trials if "mlflow_run_id" in t.user_attrs), None)
     first.send_signal(signal.SIGKILL)  # like a lost node: no cleanup at all
     first.wait()
+    time.sleep(grace + CLOCK_STEP_S)  # its trial's last beat is older than the grace period: the next worker fails it
 
     second = subprocess.run(_tune(tmp_path, synthetic, storage, 2, "tune.worker=1", *beat), env=env,
                             capture_output=True, text=True, timeout=400)  # fmt: skip

@@ -1,5 +1,6 @@
-"""Two `make tune` workers started at once on one SQLite storage share one study: no lost or duplicated trials, and
-one parent run whose summary matches the study once both have stopped."""
+"""Two `make tune` workers started at once on one SQLite storage share one study: no lost or duplicated trials (one
+over tune.trials at most, when both finish together), and one parent run whose summary matches the study once both
+have stopped."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import optuna
 import pytest
 from mlflow import MlflowClient
 
-from tests.tune_support import TINY, prepare_data, trained_trials, tune_command
+from tests.tune_support import TINY, prepare_data, shared_study_trials, study_record, tune_command
 
 pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
 
@@ -31,10 +32,11 @@ def test_two_workers_share_one_study(tmp_path):
     for worker, output in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, output[-5000:]
 
-    study = optuna.load_study(study_name="task1-default", storage=f"sqlite:///{tmp_path}/optuna.db")
-    trials = trained_trials(study, TRIALS)
-    assert sorted(t.number for t in trials) == list(range(TRIALS))  # none lost, none duplicated, no extra
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.load_study(study_name="task1-default", storage=storage)
+    record = study_record(storage, "task1-default", outputs)
+    trials = shared_study_trials(study, TRIALS, workers=2, record=record)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials), record
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("task1")
@@ -42,10 +44,10 @@ def test_two_workers_share_one_study(tmp_path):
     parents = [r for r in runs if r.data.tags.get("cxrlt.kind") == "tuning-study"]
     assert len(parents) == 1  # one parent run, however many workers
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == list(range(TRIALS))
+    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == [t.number for t in trials]
     assert {t.user_attrs["mlflow_run_id"] for t in trials} == {r.info.run_id for r in children}
     assert {r.data.tags["optuna.worker"] for r in children} == {"0", "1"}  # both workers ran trials
-    assert len({str(sorted(t.params.items())) for t in trials}) == TRIALS  # and drew different points
+    assert len({str(sorted(t.params.items())) for t in trials}) == len(trials)  # and drew different points
 
     # The parent run's summary is the finished study's, however the two workers' reports interleaved.
     parent = client.get_run(parents[0].info.run_id)
@@ -54,10 +56,10 @@ def test_two_workers_share_one_study(tmp_path):
     expected = {f"best.{k}": str(v) for k, v in best.params.items()}
     assert tags == {**expected, "best.mlflow_run_id": best.user_attrs["mlflow_run_id"]}  # no earlier best's tags
     metrics = parent.data.metrics
-    assert metrics["study/n_running"] == 0 and metrics["study/n_complete"] == TRIALS
+    assert metrics["study/n_running"] == 0 and metrics["study/n_complete"] == len(trials)
     assert metrics["best/val/mAP"] == best.value and metrics["best/trial"] == best.number
     finished = sorted(trials, key=lambda t: (t.datetime_complete, t.number))
-    running_best = [max(t.value for t in finished[: k + 1]) for k in range(TRIALS)]
+    running_best = [max(t.value for t in finished[: k + 1]) for k in range(len(trials))]
     history = sorted((m.step, m.value) for m in client.get_metric_history(parent.info.run_id, "best/val/mAP"))
     assert history == list(enumerate(running_best, start=1))  # every step once, none missing
 

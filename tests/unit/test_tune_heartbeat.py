@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from training.config_files import CONFIGS
 from training.tuning.heartbeat import TrialTakenOver, ensure_running, min_grace_period, optimize_until_done
-from training.tuning.study import ENGINE_KWARGS, TrialBudget, build_storage, fail_stale, write_wait
+from training.tuning.study import COUNTED, ENGINE_KWARGS, build_storage, fail_stale, trials_left, write_wait
 
 COMPLETE, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL
 
@@ -96,7 +96,6 @@ def test_a_worker_whose_trial_was_failed_under_it_says_so_once_and_runs_the_retr
     study = optuna.create_study(storage=mine, study_name="s")
     other = optuna.load_study(study_name="s", storage=build_storage(cfg))
     faults = _fail_heartbeat_writes(mine, count=5)  # every beat for 5 s, then the database is back
-    budget = TrialBudget(target=1)
     errors: list[BaseException] = []
 
     def objective(trial: optuna.Trial) -> float:
@@ -110,8 +109,8 @@ def test_a_worker_whose_trial_was_failed_under_it_says_so_once_and_runs_the_retr
     def run() -> None:
         try:
             with caplog.at_level(logging.WARNING, logger="training.tuning.heartbeat"):
-                optimize_until_done(study, objective, budget.has_work, start_wait=0.0, timeout=None,
-                                    callbacks=[budget])  # fmt: skip
+                optimize_until_done(study, objective, lambda s: trials_left(s, 1), timeout=None,
+                                    callbacks=[optuna.study.MaxTrialsCallback(1, states=COUNTED)])  # fmt: skip
         except BaseException as error:  # noqa: BLE001
             errors.append(error)
 

@@ -138,7 +138,7 @@ def test_counts_reach_zero_running_once_every_trial_ended(workers):
     metrics = client.get_run(parent).data.metrics
     counts = {key: metrics[key] for key in metrics if key.startswith("study/n_")}
     assert counts == {"study/n_complete": 2, "study/n_running": 0, "study/n_pruned": 0, "study/n_fail": 0,
-                      "study/n_waiting": 0, "study/n_surplus": 0, "study/n_trials": 2}  # fmt: skip
+                      "study/n_waiting": 0, "study/n_trials": 2}  # fmt: skip
 
 
 def test_best_history_has_each_step_once_whichever_worker_writes_it(workers):

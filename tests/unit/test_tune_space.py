@@ -9,8 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from training.tuning.trial_run import merge_overrides, train_config
 from training.tuning.space import SearchSpace, SearchSpaceError, parse_distribution, to_overrides
+from training.tuning.trial_run import merge_overrides, train_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

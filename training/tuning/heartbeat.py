@@ -95,19 +95,17 @@ def ensure_running(trial: optuna.Trial) -> None:
 
 
 def optimize_until_done(study: optuna.Study, objective: Callable[[optuna.Trial], Any],
-                        has_work: Callable[[optuna.Study, float], bool], start_wait: float, timeout: float | None,
+                        trials_left: Callable[[optuna.Study], int], timeout: float | None,
                         **optimize_args: Any) -> None:  # fmt: skip
-    """``study.optimize`` while ``has_work(study, start_wait)`` says a trial is left, past any trial taken over.
-
-    ``timeout`` (``tune.timeout``) counts from this call: no trial starts after it, taken-over trials included.
-    """
+    """``study.optimize`` for the ``trials_left(study)`` trials this worker runs, counted again after a trial taken
+    over (which ends ``optimize``). ``timeout`` (``tune.timeout``) counts from this call: no trial starts after it."""
     deadline = None if timeout is None else time.monotonic() + float(timeout)
-    while has_work(study, start_wait):
+    while (count := trials_left(study)) > 0:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             return
         try:
-            study.optimize(objective, timeout=left, **optimize_args)
+            study.optimize(objective, n_trials=count, timeout=left, **optimize_args)
             return
         except TrialTakenOver as taken:
             log.warning("%s", taken)

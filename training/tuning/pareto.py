@@ -35,10 +35,10 @@ from optuna.trial import FrozenTrial, TrialState
 from training.tracking.run_logger import send_metrics
 from training.tracking.tracked_run import TrackedRun
 from training.tuning.front_choice import FRONT_TAG
-from training.tuning.trial_run import RUN_ATTR
 from training.tuning.goals import Goal
 from training.tuning.plots import write_plots_page
 from training.tuning.report import StudyState, count_metrics
+from training.tuning.trial_run import RUN_ATTR
 
 log = logging.getLogger(__name__)
 

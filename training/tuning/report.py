@@ -37,13 +37,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from training.tracking.run_logger import send_metrics
 from training.tracking.tracked_run import TrackedRun
-from training.tuning.trial_run import RUN_ATTR, is_surplus
 from training.tuning.plots import write_plots_page
+from training.tuning.trial_run import RUN_ATTR
 
 log = logging.getLogger(__name__)
 
 #: Every state a trial can be counted in; all are logged, zeros included.
-STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING", "SURPLUS")
+STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 BEST_TAG = "best."
 #: Rounds of write-then-check for the ``best.*`` tags; more than two only when the best changes that often.
 TAG_ROUNDS = 5
@@ -51,10 +51,6 @@ TAG_ROUNDS = 5
 
 def _ms(moment: datetime | None) -> int:
     return int(moment.timestamp() * 1000) if moment is not None else 0
-
-
-def _state(trial: FrozenTrial) -> str:
-    return "SURPLUS" if is_surplus(trial) else trial.state.name
 
 
 @dataclass(frozen=True)
@@ -73,10 +69,10 @@ class StudyState:
         return cls(tuple(study.get_trials(deepcopy=False)), study.directions[0])  # a multi-objective study: counts only
 
     def counts(self, zeros: bool = False) -> dict[str, int]:
-        """Trials per state (``SURPLUS`` for a trial that lost the race for the last slot: it never trained)."""
+        """Trials per state name."""
         counts = dict.fromkeys(STATES, 0) if zeros else {}
         for trial in self.trials:
-            counts[_state(trial)] = counts.get(_state(trial), 0) + 1
+            counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
         return counts
 
     def _better(self, trial: FrozenTrial, than: FrozenTrial | None) -> bool:
@@ -97,8 +93,8 @@ class StudyState:
 
     @property
     def finished(self) -> list[FrozenTrial]:
-        """Trials that trained and ended, in the order they ended (number breaks a tie)."""
-        ended = [t for t in self.trials if t.state.is_finished() and not is_surplus(t)]
+        """Trials that ended, in the order they ended (number breaks a tie)."""
+        ended = [t for t in self.trials if t.state.is_finished()]
         return sorted(ended, key=lambda t: (t.datetime_complete or datetime.min, t.number))
 
     @property
@@ -142,11 +138,7 @@ class StudyState:
 
 
 def state_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials per state name, e.g. ``{"COMPLETE": 4, "PRUNED": 2}`` (states with no trial left out).
-
-    A surplus trial (one that lost the race for the last slot and never trained) counts as ``SURPLUS``, not as
-    pruned, so the pruner's record stays true.
-    """
+    """Trials per state name, e.g. ``{"COMPLETE": 4, "PRUNED": 2}`` (states with no trial left out)."""
     return StudyState.read(study).counts()
 
 
@@ -166,7 +158,7 @@ def count_metrics(state: StudyState) -> list[Metric]:
     """``study/n_<state>`` (zeros included) and ``study/n_trials``, stamped and stepped as the module says."""
     stamp, step = state.latest_event_ms, len(state.finished)
     counts = {f"study/n_{name.lower()}": n for name, n in state.counts(zeros=True).items()}
-    counts["study/n_trials"] = sum(not is_surplus(t) for t in state.trials)
+    counts["study/n_trials"] = len(state.trials)
     return [Metric(key, float(n), stamp, step) for key, n in counts.items()]
 
 

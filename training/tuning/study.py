@@ -5,20 +5,21 @@ so restarting the same command resumes it, and several workers (processes or mac
 share it. Trial numbers are assigned by the storage inside its insert transaction, so they are unique and
 contiguous however many workers there are.
 
-Budget. ``tune.trials=N`` means "until the study holds N trials", counting every state including trials other
-workers are still running (checked after each trial and once before the first, each time after failing stale
-trials), except that a failed trial replaced by its retry (below) counts once, as its retry. So ``TRIALS=8``
-after a finished ``TRIALS=6`` adds two, and two workers stop together.
+Budget. ``tune.trials=N`` means "until the study holds N trials that did not fail": COMPLETE, PRUNED and
+RUNNING ones, counted by Optuna's ``MaxTrialsCallback`` after each trial of each worker, and before the first
+(:func:`trials_left`, this worker's ``n_trials``). A FAIL is not counted, so a dead worker's trial is replaced by its
+retry (below) and a trial that failed (diverged, bad combination) by a new point, on that run of the command or the
+next: one run starts at most N trials. So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two. Workers check the
+count independently: two that finish at the same moment may both start one more, so a study of W workers can end
+with up to W - 1 trials over N (docs/tuning-registry-submission.md, Parallel workers).
 
 Stopped workers. Storage heartbeats are on (:mod:`training.tuning.heartbeat`: how a live worker's trial is kept from
 being declared dead, and the grace rule): a trial whose worker died (kill -9, lost node) stops beating and,
 once silent for ``tune.grace_period`` seconds, is marked FAIL by the next worker that starts, or that starts or
-finishes a trial; its MLflow run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` (the
-``RetryFailedTrialCallback`` of older Optuna) queues the same parameters again as a new trial, up to
-``tune.max_retry`` times, which the next free worker runs. A worker that starts on a study whose slots are all
-used but some trial is RUNNING cannot tell a dead worker's trial from a live one's before the grace period is
-over, so it waits that long (see :meth:`TrialBudget.has_work`): rerunning the command after a crash, at once or
-later, finishes the study. So the study never waits on a ghost and loses no point of its search.
+finishes a trial; its MLflow run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` queues the
+same parameters again as a new trial, up to ``tune.max_retry`` times, which the next free worker runs. A worker
+started while a dead worker's trial is not yet stale counts it as RUNNING and, with no slot left, stops saying so:
+rerunning the command once the grace period is over finishes the study, losing no point of its search.
 
 PostgreSQL. ``tune.storage=postgresql://user@host/db`` (password from ``PGPASSWORD`` or ``~/.pgpass``, or inline,
 which is then redacted wherever the URL is logged or tagged) is how workers on several machines share a study;
@@ -52,13 +53,15 @@ from training.tracking.redaction import redact_text
 from training.tracking.session import git_commit, tracking_uri
 from training.tracking.tracked_run import TrackedRun, ensure_experiment
 from training.tracking.uri import tracking_client
-from training.tuning.heartbeat import SteadyHeartbeatStorage, check_grace_period
-from training.tuning.trial_run import RUN_ATTR, STATE_TAG, STUDY_TAG, WORKER_ATTR, is_surplus
 from training.tuning.goals import OBJECTIVES_ATTR, Goal, ObjectiveError, goals_from_config
+from training.tuning.heartbeat import SteadyHeartbeatStorage, check_grace_period
+from training.tuning.trial_run import RUN_ATTR, STATE_TAG, STUDY_TAG, WORKER_ATTR
 
 log = logging.getLogger(__name__)
 
-RUNNING, WAITING = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING
+RUNNING = optuna.trial.TrialState.RUNNING
+#: The states ``tune.trials`` counts, with Optuna's ``MaxTrialsCallback`` (module docstring, Budget).
+COUNTED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, RUNNING)
 PARENT_ATTR = "mlflow_parent_run_id"
 KIND_TAG = "cxrlt.kind"
 STUDY_KIND = "tuning-study"
@@ -245,20 +248,6 @@ def parent_run(cfg: DictConfig, study: optuna.Study, run_id: str | None, client:
     return run_id
 
 
-def is_retry(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether ``trial`` re-runs a dead worker's trial (Optuna's ``failed_trial`` system attribute)."""
-    return "failed_trial" in trial.system_attrs
-
-
-def takes_slot(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether ``trial`` uses one of the study's ``tune.trials`` slots.
-
-    A slot belongs to an original trial, whatever its state (running and failed ones included). A retry fills
-    its original's slot, and a surplus trial never ran, so neither takes a slot of its own.
-    """
-    return not is_retry(trial) and not is_surplus(trial)
-
-
 def fail_stale(study: optuna.Study) -> None:
     """Optuna's ``fail_stale_trials``: a trial silent past the grace period is failed and its callback run."""
     with warnings.catch_warnings():
@@ -266,87 +255,17 @@ def fail_stale(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
-def start_wait(cfg: DictConfig) -> float:
-    """How long a starting worker may wait for a RUNNING trial to prove alive (see :meth:`TrialBudget.has_work`).
-
-    Optuna's grace period (twice the interval when unset) plus one heartbeat interval, which covers the storage
-    clock's one-second steps (SQLite) and the last poll.
-    """
-    interval = float(cfg.tune.heartbeat_interval)
-    grace = cfg.tune.get("grace_period")
-    return (2 * interval if grace is None else float(grace)) + interval
-
-
-def _trials(numbers: list[int]) -> str:
-    return f"trial{'s' * (len(numbers) != 1)} {', '.join(map(str, numbers))}"
-
-
-def budget_count(study: optuna.Study) -> int:
-    """Slots of ``tune.trials`` already used (see :func:`takes_slot`)."""
-    return sum(takes_slot(t) for t in study.get_trials(deepcopy=False))
-
-
-def remaining(study: optuna.Study, target: int) -> int:
-    """Trials still to start before the study holds ``target`` (see :func:`budget_count`)."""
-    return max(0, target - budget_count(study))
-
-
-class TrialBudget:
-    """Hold a study to ``target`` trials however many workers share it (Optuna's ``MaxTrialsCallback`` made exact).
-
-    As a callback it stops this worker once every slot is used; :meth:`has_work` asks the same before the first
-    trial. Stale trials are failed first (Optuna's ``fail_stale_trials``), so a dead worker's trial is queued
-    again before the count is taken; and a worker never stops while a queued (WAITING) retry is left for it to
-    run, since the retry holds a slot that no new trial may take.
-
-    The callback alone overshoots: two workers that finish at the same instant both see one free slot and both
-    ask for a trial. Trial numbers are handed out by the storage in creation order, so :meth:`admits`, asked at
-    the start of every trial, settles the race: the later trial finds every slot taken by lower-numbered ones.
-    """
-
-    def __init__(self, target: int):
-        self.target = target
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if not self._to_run(study):
-            study.stop()
-
-    def _to_run(self, study: optuna.Study) -> bool:
-        """Whether a trial is left for this worker, once stale trials are failed (and so queued again)."""
-        fail_stale(study)
-        trials = study.get_trials(deepcopy=False)
-        return any(t.state == WAITING for t in trials) or sum(map(takes_slot, trials)) < self.target
-
-    def has_work(self, study: optuna.Study, wait_s: float, poll_s: float = 1.0) -> bool:
-        """Whether a worker starting now has a trial to run, waiting up to ``wait_s`` to find out.
-
-        With every slot used, a RUNNING trial may be a dead worker's whose heartbeat is not yet ``grace_period``
-        old: say nothing to run now and it stays RUNNING, and the study unfinished, until some later worker
-        happens by. Every trial dead before this call is stale by ``grace_period`` (plus the storage clock's
-        resolution) from now, so waiting that long (:func:`start_wait`) settles it: a trial failed meanwhile is
-        queued again and run here; one still RUNNING then has a live worker, and this one stops (saying so). A
-        study with no RUNNING trial is answered at once.
-        """
-        deadline, told = time.monotonic() + wait_s, False
-        while not self._to_run(study):
-            running = [t.number for t in study.get_trials(deepcopy=False, states=(RUNNING,))]
-            if not running or time.monotonic() >= deadline:
-                alive = f"; {_trials(running)} still running on a live worker" if running else ""
-                log.info("study %s already holds %d trials (tune.trials=%d)%s: nothing to run", study.study_name,
-                         budget_count(study), self.target, alive)  # fmt: skip
-                return False
-            if not told:
-                log.info("every trial of study %s is taken, %s still RUNNING: waiting up to %.0f s for a dead "
-                         "worker's trial to go stale (tune.grace_period) and be queued again", study.study_name,
-                         _trials(running), wait_s)  # fmt: skip
-                told = True
-            time.sleep(poll_s)
-        return True
-
-    def admits(self, study: optuna.Study, number: int) -> bool:
-        """Whether trial ``number`` may run: a retry always may; an original only while a slot is free for it."""
-        trials = study.get_trials(deepcopy=False)
-        (trial,) = (t for t in trials if t.number == number)
-        if is_retry(trial):
-            return True
-        return sum(takes_slot(t) for t in trials if t.number < number) < self.target
+def trials_left(study: optuna.Study, target: int) -> int:
+    """How many trials a worker starting now runs (its ``study.optimize(n_trials=...)``): ``target`` less the
+    :data:`COUNTED` trials, once a dead worker's trial is failed and queued again."""
+    fail_stale(study)
+    counted = study.get_trials(deepcopy=False, states=COUNTED)
+    if len(counted) < target:
+        return target - len(counted)
+    running = [t.number for t in counted if t.state == RUNNING]
+    alive = (f"; trials {running} still RUNNING (one whose worker died is failed and queued again once silent for "
+             "tune.grace_period: a worker started then runs it)") if running else ""  # fmt: skip
+    log.info(
+        "study %s holds %d trials (tune.trials=%d): nothing to run%s", study.study_name, len(counted), target, alive
+    )
+    return 0

@@ -39,8 +39,8 @@ from training.tracking.redaction import redact_text
 from training.tracking.session import tracking_uri
 from training.tracking.tracked_run import TrackedRun
 from training.tracking.uri import tracking_client
-from training.tuning.heartbeat import TrialTakenOver, ensure_running
 from training.tuning.goals import Goal
+from training.tuning.heartbeat import TrialTakenOver, ensure_running
 from training.tuning.space import SearchSpace, to_overrides
 
 log = logging.getLogger(__name__)
@@ -59,13 +59,6 @@ WORKER_TAG = "optuna.worker"
 RUN_ATTR = "mlflow_run_id"
 #: User attribute of a trial: the ``tune.worker`` that ran it, so the study alone says which worker ended which trial.
 WORKER_ATTR = "cxrlt.worker"
-#: User attribute of a trial that lost the race for the study's last slot: it is ended PRUNED without training.
-SURPLUS_ATTR = "cxrlt.surplus"
-
-
-def is_surplus(trial: optuna.trial.FrozenTrial) -> bool:
-    """Whether ``trial`` lost the race for the study's last slot (and so never trained)."""
-    return bool(trial.user_attrs.get(SURPLUS_ATTR, False))
 
 
 class TrialRecorder(L.Callback):
@@ -154,15 +147,12 @@ class Objective:
         parent_run_id: the study's MLflow run; every trial run is nested under it.
         study_name: recorded on every trial run.
         worker: this worker's number (``tune.worker``), recorded on every trial run.
-        admits: ``(study, trial number) -> bool``, asked before anything else (the study's
-            :meth:`~training.tuning.study.TrialBudget.admits`); a trial it refuses ends PRUNED, marked surplus.
         goals: a multi-objective study's objectives (``metric`` and ``direction`` are then its first); the trial
             returns one value per goal, read at the kept epoch (module docstring), and is never pruned.
     """
 
     def __init__(self, compose: Callable[[list[str]], DictConfig], overrides: Sequence[str], space: SearchSpace,
                  metric: str, direction: str, parent_run_id: str, study_name: str, worker: int = 0,
-                 admits: Callable[[optuna.Study, int], bool] | None = None,
                  goals: Sequence[Goal] | None = None):  # fmt: skip
         self.goals = tuple(goals) if goals else None
         if self.goals:
@@ -175,14 +165,9 @@ class Objective:
         self.parent_run_id = parent_run_id
         self.study_name = study_name
         self.worker = worker
-        self.admits = admits
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
         trial.set_user_attr(WORKER_ATTR, self.worker)
-        if self.admits is not None and not self.admits(trial.study, trial.number):
-            trial.set_user_attr(SURPLUS_ATTR, True)
-            log.info("trial %d: the study's trials are all taken by other workers; not training it", trial.number)
-            raise optuna.TrialPruned("surplus: every slot of tune.trials was taken by another worker")
         values = self.space.sample(trial)
         composed = self.compose(merge_overrides(self.overrides, to_overrides(values)))
         cfg = train_config(composed, self.metric, self.direction, f"{composed.run_name}-t{trial.number}")
