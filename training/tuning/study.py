@@ -11,7 +11,7 @@ RUNNING ones, counted by Optuna's ``MaxTrialsCallback`` after each trial of each
 retry (below) and a trial that failed (diverged, bad combination) by a new point, on that run of the command or the
 next: one run starts at most N trials. So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two. Workers check the
 count independently: two that finish at the same moment may both start one more, so a study of W workers can end
-with up to W - 1 trials over N (docs/tuning-registry-submission.md, Parallel workers).
+with up to W - 1 trials over N (docs/tuning-registry-submission.md, Several workers).
 
 Stopped workers. Storage heartbeats are on (:mod:`training.tuning.heartbeat`: how a live worker's trial is kept from
 being declared dead, and the grace rule): a trial whose worker died (kill -9, lost node) stops beating and,
