@@ -90,8 +90,8 @@ optuna-dashboard: setup ## Optuna's dashboard on the study storage, http://127.0
 register: setup ## Register the best finished run as cxrlt-<task>@champion: make register TASK=task1 [METRIC=<the task's selection_metric>] [RUN=<id>]
 	$(PY) -m apps.registry --task $(TASK) $(if $(METRIC),--metric '$(METRIC)') $(if $(RUN),--run $(RUN)) $(ARGS)
 
-serve: setup ## Serve the champion over REST on 127.0.0.1:5000 (the model checked first): make serve TASK=task1 [PORT=5001] [MODEL=models:/...] [IMAGE_ROOT=<folder requests may name images under; default none, image_b64 only>]
-	$(PY) -m apps.serve --model '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' --port $(PORT) $(if $(IMAGE_ROOT),--image-root '$(IMAGE_ROOT)')
+serve: setup ## Serve the champion over REST on 127.0.0.1:5000 (the model checked first): make serve TASK=task1 [PORT=5001] [MODEL=models:/...] [IMAGE_ROOT=<folder requests may name images under; default none, image_b64 only>] [MAX_REQUEST_MB=32]
+	$(PY) -m apps.serve --model '$(or $(MODEL),models:/cxrlt-$(TASK)@champion)' --port $(PORT) $(if $(IMAGE_ROOT),--image-root '$(IMAGE_ROOT)') $(if $(MAX_REQUEST_MB),--max-request-mb $(MAX_REQUEST_MB))
 
 # The line as typed, for the upload's code/COMMAND.txt.
 submit: export CXRLT_SUBMIT_COMMAND = make submit $(strip TASK=$(TASK) $(foreach v,MODEL TEMPLATE MANIFEST ROOT TTA OUT ID_COLUMN THRESHOLDS,$(if $(strip $($(v))),$(v)="$(strip $($(v)))")))

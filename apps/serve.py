@@ -1,10 +1,15 @@
-"""``make serve``: check that the model exists, then hand the process over to ``mlflow models serve``.
+"""``make serve``: the registered model behind MLflow's scoring server, built from this project's code.
 
-Started directly, ``mlflow models serve -m models:/cxrlt-task1@champion`` on a store without that model printed a
-54-line traceback ending in ``Registered Model with name=cxrlt-task1 not found`` and created an empty
-``mlruns/mlflow.db`` on the way. Here the store and the reference are checked first (:mod:`training.run_lookup`, as
-for every command that takes a model; a SQLite store that is not there is reported, never created), and a missing
-one is one line naming the store and what to run; only then is the process replaced by MLflow's server.
+The store and the reference are checked first (:mod:`training.run_lookup`, as for every command that takes a model;
+a SQLite store that is not there is reported, never created), and a missing one is one line naming the store and
+what to run.
+
+The stored model is read as data only. ``mlflow models serve`` would run the ``pyfunc_model.py`` kept in the store,
+so anyone able to write to a shared store could run code on the serving host. Here only the stored weights
+(``weights_only``) and spec (the config allow-list of :mod:`training.runs`) are taken; the served pyfunc is saved
+afresh from the installed ``apps/pyfunc_model.py`` and handed to MLflow's scoring server (its public ``init``), so
+requests and answers keep MLflow's format. A request body above ``--max-request-mb`` is answered 413 before it is
+read.
 
 What the served model may read (docs/tuning-registry-submission.md, "Serving"): a request's ``image_b64`` always;
 an ``image`` path only under the folder given as ``--image-root`` (``make serve IMAGE_ROOT=...``), which reaches the
@@ -14,8 +19,9 @@ model as :data:`IMAGE_ROOT_ENV`. Without it the server opens no file a request n
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,16 +47,73 @@ def check_model(reference: str, uri: str) -> None:
         raise ModelNotFound(f"{error}; `make register TASK=<task>` registers a champion to serve") from None
 
 
-def server_environment(image_root: Path | None) -> dict[str, str]:
-    """The server's environment: this one, the venv first on ``PATH`` (MLflow starts its workers from there), and
-    the image root when one is given (checked to be a folder, stored resolved)."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop(IMAGE_ROOT_ENV, None)  # only --image-root opens files to requests, never a variable left in a shell
+def apply_image_root(image_root: Path | None) -> None:
+    """Let the served model open request paths under ``image_root`` only (checked to be a folder, stored resolved);
+    never under a root a variable left in the shell names."""
+    os.environ.pop(IMAGE_ROOT_ENV, None)
     if image_root is not None:
         if not image_root.is_dir():
             raise UserError(f"--image-root {image_root}: no such folder")
-        env[IMAGE_ROOT_ENV] = str(image_root.resolve())
-    return env
+        os.environ[IMAGE_ROOT_ENV] = str(image_root.resolve())
+
+
+#: The stored files the served model is rebuilt from: pyfunc artifact name -> file in the stored model folder.
+STORED_DATA = {"spec": "artifacts/spec.json", "weights": "artifacts/weights.pt"}
+
+
+def served_pyfunc(reference: str, folder: Path):
+    """The model ``reference`` names as a pyfunc whose code is this installation's, its weights and spec the store's.
+
+    Raises:
+        UserError: the stored model lacks its weights or spec (not a model ``make register`` wrote).
+    """
+    import mlflow.pyfunc
+
+    from apps.registry import PYFUNC_CODE
+    from apps.serving import signature
+
+    stored = Path(mlflow.artifacts.download_artifacts(artifact_uri=reference, dst_path=str(folder / "stored")))
+    artifacts = {name: stored / file for name, file in STORED_DATA.items()}
+    missing = [file for name, file in STORED_DATA.items() if not artifacts[name].is_file()]
+    if missing:
+        raise UserError(f"{reference}: the stored model has no {', '.join(missing)}; register the run again "
+                        "(make register RUN=<run id>)")  # fmt: skip
+    labels = json.loads(artifacts["spec"].read_text())["labels"]
+    mlflow.pyfunc.save_model(str(folder / "served"), python_model=str(PYFUNC_CODE), pip_requirements=[],
+                             artifacts={k: str(v) for k, v in artifacts.items()}, signature=signature(labels))  # fmt: skip
+    return mlflow.pyfunc.load_model(str(folder / "served"))
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body exceeds ``limit`` bytes gets 413 without being read any further."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            return await self._refuse(send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:  # a body longer than it declared
+                raise ValueError("request body longer than its Content-Length")
+            return message
+
+        return await self.app(scope, counted, send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps({"error_code": "REQUEST_TOO_LARGE",
+                           "message": f"request body over {self.limit // 2**20} MB; send fewer images per request"})  # fmt: skip
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body.encode()})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -60,17 +123,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--image-root", type=Path, default=None,
                         help="folder whose images requests may name by path (default: none, image_b64 only)")  # fmt: skip
+    parser.add_argument("--max-request-mb", type=float, default=32.0,
+                        help="largest request body accepted; larger ones get 413 (default 32 MB: ~20 PNGs at 1024 px)")  # fmt: skip
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     args = parser.parse_args(argv)
     uri = resolve_tracking_uri()
-    with user_errors(debug=args.debug):
-        env = server_environment(args.image_root)
+    with user_errors(debug=args.debug), tempfile.TemporaryDirectory() as tmp:
+        apply_image_root(args.image_root)
         check_model(args.model, uri)
-    env["MLFLOW_TRACKING_URI"] = uri
-    mlflow = str(Path(sys.executable).with_name("mlflow"))
-    command = [mlflow, "models", "serve", "-m", args.model, "--env-manager", "local", "-h", args.host,
-               "-p", str(args.port)]  # fmt: skip
-    os.execve(mlflow, command, env)
+        import mlflow
+        import uvicorn
+        from mlflow.pyfunc.scoring_server import init
+
+        mlflow.set_tracking_uri(uri)
+        app = BodyLimit(init(served_pyfunc(args.model, Path(tmp))), int(args.max_request_mb * 2**20))
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

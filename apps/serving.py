@@ -25,8 +25,9 @@ A zero-shot run (``task.unseen``, an adapter from ``configs/adapter``) is served
 classes, the unseen ones scored by the transfer its checkpoint chose on validation; its submissions default to
 the unseen columns, which is what CXR-LT Task 2 asks for.
 
-The code is loaded from the installed ``cxrlt-lab`` package (``--env-manager local`` in the project's
-environment), not copied into the model: a copy would shadow the package and drift from it.
+The code is the installed ``cxrlt-lab`` package's, never the store's: ``make serve`` saves the pyfunc afresh from
+the installed ``apps/pyfunc_model.py`` around the stored weights and spec (:mod:`apps.serve`), so code written into
+a shared store does not run on the serving host.
 """
 
 from __future__ import annotations
@@ -153,7 +154,10 @@ def decode_bytes(data: bytes, size: int, resize: str = "stretch") -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"image{_suffix(data)}"
         path.write_bytes(data)
-        return read_grayscale(path, size, resize)
+        try:
+            return read_grayscale(path, size, resize)
+        except (OSError, ValueError) as error:  # the answer goes to a client: no path of this server in it
+            raise ValueError(str(error).replace(str(path), "the image sent")) from None
 
 
 def allowed_path(value, root: Path | None) -> Path:
@@ -168,12 +172,16 @@ def allowed_path(value, root: Path | None) -> Path:
     root = Path(root).resolve()
     path = (root / str(value)).resolve()
     if not path.is_relative_to(root):
-        raise ValueError(f"{value}: outside the server's image root {root}")
+        raise ValueError(f"{value}: outside the server's image root")
     return path
 
 
 def _from_path(value, size: int, resize: str = "stretch", root: Path | None = None) -> np.ndarray:
-    return read_grayscale(allowed_path(value, root), size, resize)
+    path = allowed_path(value, root)
+    try:
+        return read_grayscale(path, size, resize)
+    except (OSError, ValueError) as error:  # named as the client named it, not by this server's folders
+        raise ValueError(str(error).replace(str(path), str(value))) from None
 
 
 def _from_b64(value, size: int, resize: str = "stretch", root: Path | None = None) -> np.ndarray:

@@ -90,6 +90,6 @@ def test_a_missing_image_under_the_root_is_a_400_with_its_cause(saved_model, mon
     status, message = _answer(model, {"columns": ["image"], "data": [["x.png"], ["gone.png"]]})
     assert status == 400
     last = message.splitlines()[-1]
-    assert last == f"Error: row 1, column 'image': image file not found: {image.parent.resolve()}/gone.png"
+    assert last == "Error: row 1, column 'image': image file not found: gone.png"  # as sent: no server folder named
     status, message = _answer(model, {"columns": ["image"], "data": [["../../etc/passwd"]]})
     assert status == 400 and "outside the server's image root" in message.splitlines()[-1]

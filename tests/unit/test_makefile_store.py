@@ -35,8 +35,11 @@ def test_ui_uses_the_resolved_store(configured):
 
 @pytest.mark.parametrize("configured", [None, "sqlite:////tmp/team/mlflow.db"])
 def test_serve_hands_mlflow_the_resolved_store(configured, monkeypatch):
-    """``make serve`` runs apps.serve, which checks the model and then becomes ``mlflow models serve`` with the
-    store :func:`training.tracking.uri.resolve_tracking_uri` resolves in its environment."""
+    """``make serve`` runs apps.serve, which checks the model, reads it from the store
+    :func:`training.tracking.uri.resolve_tracking_uri` resolves in its environment and serves it on the port."""
+    import mlflow
+    import uvicorn
+
     from apps import serve
 
     line = _shell_line("serve", "TASK=task1", "PORT=5001", marker="apps.serve")
@@ -45,13 +48,14 @@ def test_serve_hands_mlflow_the_resolved_store(configured, monkeypatch):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", configured)
     else:
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    checked, started = [], []
+    monkeypatch.setenv(serve.IMAGE_ROOT_ENV, "/left/in/the/shell")
+    checked, read, started = [], [], []
     monkeypatch.setattr(serve, "check_model", lambda model, uri: checked.append((model, uri)))
-    monkeypatch.setattr(serve.os, "execve", lambda path, command, env: started.append((command, env)))
+    monkeypatch.setattr(serve, "served_pyfunc", lambda model, folder: read.append((model, mlflow.get_tracking_uri())))
+    monkeypatch.setattr("mlflow.pyfunc.scoring_server.init", lambda model: "app")
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **options: started.append((app.app, host, port)))
     serve.main(["--model", "models:/cxrlt-task1@champion", "--port", "5001"])
     uri = configured or "sqlite:///mlruns/mlflow.db"
-    ((command, env),) = started
-    assert checked == [("models:/cxrlt-task1@champion", uri)] and env["MLFLOW_TRACKING_URI"] == uri
-    assert command[1:] == ["models", "serve", "-m", "models:/cxrlt-task1@champion", "--env-manager", "local", "-h",
-                           "127.0.0.1", "-p", "5001"]  # fmt: skip
-    assert serve.IMAGE_ROOT_ENV not in env  # no image root unless given
+    assert checked == read == [("models:/cxrlt-task1@champion", uri)]
+    assert started == [("app", "127.0.0.1", 5001)]
+    assert serve.IMAGE_ROOT_ENV not in os.environ  # no image root unless given

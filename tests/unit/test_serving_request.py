@@ -111,3 +111,17 @@ def test_registered_spec_round_trip_keeps_geometry_thresholds_and_outputs():
     images = torch.randn(2, 1, 32, 32)
     with torch.no_grad():
         assert torch.equal(rebuilt.scoring_network(images), finished.scoring_network(images))
+
+
+def test_an_answer_names_no_path_of_the_server(png, tmp_path):
+    """Bytes are decoded through a temporary file and paths resolved under the root: neither reaches the client."""
+    cut = base64.b64encode(png.read_bytes()[:60]).decode()
+    with pytest.raises(RequestError) as sent:
+        decode_request(pd.DataFrame({"image_b64": [cut]}), 32)
+    assert "the image sent" in str(sent.value) and "/tmp" not in str(sent.value)
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(RequestError) as named:
+        decode_request(pd.DataFrame({"image": ["bad.png"]}), 32, image_root=tmp_path)
+    assert str(tmp_path) not in str(named.value) and "bad.png" in str(named.value)
+    with pytest.raises(RequestError, match=r"outside the server's image root$"):
+        decode_request(pd.DataFrame({"image": ["../x.png"]}), 32, image_root=tmp_path)
