@@ -40,6 +40,8 @@ LOGGED_TABLES_TAG = "mlflow.loggedArtifacts"
 #: Experiment tags with this prefix are the runs table's saved views (MLflow 3.17's ``viewStateShareKey``).
 SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
 HEADLINE_VIEW_ID = "cxrlt-headline"
+#: How a macro metric's bootstrap interval is logged beside it (``evaluation.suite``: ``test/mAP_ci_low``).
+CI_SUFFIXES = ("_ci_low", "_ci_high")
 
 
 def per_class_metric_names(evaluation) -> set[str]:
@@ -99,27 +101,36 @@ def logged_tables_tag(paths: Sequence[str]) -> dict[str, str]:
 
 
 def headline_view_tag(
-    selection_metric: str, set_prefix: str = "test", descending: bool = True, now_ms: int | None = None
+    selection_metric: str,
+    set_prefix: str = "test",
+    descending: bool = True,
+    now_ms: int | None = None,
+    tags: Sequence[str] = (),
 ) -> dict[str, str]:
     """The experiment tag of the runs table's *Headline metrics* saved view.
 
-    Columns: the selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
+    Columns: the run tags ``tags`` (``cxrlt.debug``: a smoke run is told from a full one whatever its name), the
+    selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
     metric of the challenge's ranking chain in chain order, the mAP of that set's perturbed copy and of its held-out
-    subset (docs/rules.md §10: the organisers' stability check; ``evaluation.headline``); rows sorted by the selection metric, best
-    first, as ``make register`` ranks runs (never by a test metric: docs/rules.md §2). Open it from the runs
-    table's *Views* button, or with ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``.
+    subset (docs/rules.md §10: the organisers' stability check; ``evaluation.headline``), each test figure followed
+    by its bootstrap interval (``_ci_low``, ``_ci_high``), so that two runs a few thousandths apart are not read
+    as ranked when their intervals overlap; rows sorted by the selection metric, best first, as ``make register``
+    ranks runs (never by a test metric: docs/rules.md §2). Open it from the runs table's *Views* button, or with
+    ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``.
 
     Args:
         selection_metric: the task's ``selection_metric`` (``val/mAP``; ``val/proxy_ood_mAP`` for Task 2).
         set_prefix: the metric set whose headline metrics are shown (``test_unseen`` for a zero-shot task).
         descending: whether a larger selection metric is better.
         now_ms: the view's creation time in ms (the UI shows it); the current time when None.
+        tags: run tags shown after the Dataset column.
     """
     best = f"{selection_metric}_best"
     family = Headline(FAMILIES.get(set_prefix, SEEN_SETS))
     chain = (f"{set_prefix}/{m.name}" for m in SUITE.tie_break_chain())
-    metrics = [best, *chain, f"{family.perturbed}/mAP", f"{family.heldout}/mAP"]
-    columns = ["attributes.`Dataset`", *(f"metrics.`{key}`" for key in metrics)]
+    tested = [*chain, f"{family.perturbed}/mAP", f"{family.heldout}/mAP"]
+    metrics = [best, *(f"{key}{suffix}" for key in tested for suffix in ("", *CI_SUFFIXES))]
+    columns = ["attributes.`Dataset`", *(f"tags.`{key}`" for key in tags), *(f"metrics.`{key}`" for key in metrics)]
     state = {"orderByKey": f"metrics.`{best}`", "orderByAsc": not descending, "selectedColumns": columns}
     created = int(time.time() * 1000) if now_ms is None else now_ms
     envelope = {"name": "Headline metrics", "createdAt": created, "updatedAt": created, "state": json.dumps(state)}

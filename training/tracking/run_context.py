@@ -100,7 +100,7 @@ def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
     """Log the datasets, the comparability tags, the source heterogeneity report and the description of a new run
     (a resumed run already has them); mark its experiment."""
     headline = headline_of(cfg.task).prefix  # the classes the task is ranked on (Task 2: its unseen ones)
-    view = headline_view_tag(str(cfg.checkpoint.monitor), headline, descending=cfg.checkpoint.mode == "max")
+    view = headline_view_tag(str(cfg.checkpoint.monitor), headline, cfg.checkpoint.mode == "max", tags=[DEBUG_TAG])
     mark_model_training(client, client.get_run(run_id).info.experiment_id, view)
     client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
     client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
