@@ -117,14 +117,20 @@ def train_tiny_manifest_run(tmp_path: Path, manifest: Path, env: dict, *override
     return client, run
 
 
-def register_smoke_champion(tmp_path: Path, env: dict, data_root: Path, description: str = ""):
-    """Train a task1 smoke run (no TTA, perturbation or plots) into ``env``'s store and register it as
-    ``cxrlt-task1@champion``; returns ``(client, run)``. What the benchmark and card CLI tests start from;
-    ``data_root`` is where the synthetic set is generated (``smoke_data``'s root: already there)."""
+@pytest.fixture(scope="session")
+def smoke_champion(tmp_path_factory, smoke_data):
+    """``(env, client, run)``: a task1 smoke run (no TTA, perturbation or plots) registered as
+    ``cxrlt-task1@champion`` in a store of its own, trained once per session for the benchmark and card CLI tests.
+
+    They share the store, so neither reads what the other writes: each logs runs of its own model reference or
+    experiment name and reads only those, and only the card writes to the run (``card/``) and the version.
+    """
     from mlflow import MlflowClient
 
+    tmp = tmp_path_factory.mktemp("champion")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
     trained = subprocess.run(
-        train_command(tmp_path, "debug=smoke", f"data.source.root={data_root}", "tta.enabled=false",
+        train_command(tmp, "debug=smoke", f"data.source.root={smoke_data[0]}", "tta.enabled=false",
                       "evaluation.perturbation.enabled=false", "evaluation.plots=false",
                       "trainer.enable_progress_bar=false"),
         env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT,
@@ -133,10 +139,9 @@ def register_smoke_champion(tmp_path: Path, env: dict, data_root: Path, descript
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs([client.get_experiment_by_name("task1").experiment_id])
     client.create_registered_model("cxrlt-task1")
-    version = client.create_model_version("cxrlt-task1", f"runs:/{run.info.run_id}/model", run.info.run_id,
-                                          description=description)  # fmt: skip
+    version = client.create_model_version("cxrlt-task1", f"runs:/{run.info.run_id}/model", run.info.run_id)
     client.set_registered_model_alias("cxrlt-task1", "champion", version.version)
-    return client, run
+    return env, client, run
 
 
 def shared_data(name: str) -> Path:

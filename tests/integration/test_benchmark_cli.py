@@ -17,7 +17,7 @@ from apps.benchmarks.framework.models import load_encoder
 from apps.benchmarks.framework.platform_models import ModelNotFound, PlatformRunEncoder
 from apps.benchmarks.framework.runner import draw_subsets
 from tests.benchmark_data import write_kermany, write_tiny_clip
-from tests.conftest import PROJECT_ROOT, register_smoke_champion
+from tests.conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs/development.md)
 
@@ -94,8 +94,8 @@ def test_clip_model_both_versions_logged_with_table_scores_and_fingerprints(tmp_
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 3  # train once, test twice (two test subsets)
 
 
-def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(tmp_path, run_env, smoke_data):
-    client, run = register_smoke_champion(tmp_path, run_env, smoke_data[0])
+def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(tmp_path, smoke_champion):
+    run_env, client, run = smoke_champion  # a store the card test writes to as well: only this test's run is read
 
     target = PROTOCOL.target
     encoder = load_encoder("models:/cxrlt-task1@champion", (target,), run_env["MLFLOW_TRACKING_URI"])
@@ -109,7 +109,8 @@ def test_registered_platform_run_without_a_pneumonia_output_reports_probe_only(t
     done = benchmark(tmp_path, run_env, "models:/cxrlt-task1/1", data, "n100")
     assert "zero-shot: not available" in done.stdout and "has no 'Pneumonia' output" in done.stdout
     assert "| ROC-AUC | n/a |" in done.stdout
-    (bench,) = runs_by_version(client).values()
+    experiment = client.get_experiment_by_name("benchmark-pneumonia")
+    (bench,) = client.search_runs([experiment.experiment_id], "params.model = 'models:/cxrlt-task1/1'")
     metrics = bench.data.metrics
     assert not any(key.startswith("zero_shot/") for key in metrics)
     assert {f"probe/{key}" for key in METRIC_KEYS} <= set(metrics)

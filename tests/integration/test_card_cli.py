@@ -5,7 +5,6 @@ registered version's description."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from apps.benchmarks.card_cli import CARD_END
 from tests.benchmark_data import write_kermany
-from tests.conftest import PROJECT_ROOT, register_smoke_champion
+from tests.conftest import PROJECT_ROOT
 from tests.reveal_data import write_reader_folder
 from tests.temporal_data import write_followup_folder
 
@@ -24,12 +23,12 @@ N_BOOT = 50
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory, smoke_data):
-    """A smoke run of task1 (no Pneumonia output) registered as cxrlt-task1@champion, in a store of its own."""
-    tmp = tmp_path_factory.mktemp("card")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db", "PYTHONUNBUFFERED": "1"}
-    client, run = register_smoke_champion(tmp, env, smoke_data[0], description="Smoke run for the card test.")
-    return tmp, env, client, run
+def registered(tmp_path_factory, smoke_champion):
+    """The session's smoke run of task1 (no Pneumonia output), registered as cxrlt-task1@champion with a description
+    of the user's own, and a folder for the card's files."""
+    env, client, run = smoke_champion
+    client.update_model_version("cxrlt-task1", "1", description="Smoke run for the card test.")
+    return tmp_path_factory.mktemp("card"), env, client, run
 
 
 def make(env: dict, *args: str) -> subprocess.CompletedProcess:
