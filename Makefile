@@ -123,6 +123,7 @@ dicom-balance: setup ## Acquisition balance of a reader study's subsets (Pearson
 UI_ENV = MLFLOW_WORKERS=$${MLFLOW_WORKERS:-1} MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
 ui: setup ## MLflow UI, opening on the training runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (PORT=...)
 	echo "MLflow UI: http://127.0.0.1:$(PORT)/#/experiments?workflowType=machine_learning"
+	echo "(an experiment opens on MLflow's GenAI pages until 'Model training' is picked in the sidebar; the browser keeps it)"
 	$(UI_ENV) $(VENV)/bin/mlflow ui --backend-store-uri "$$($(TRACKING_URI))" --host 127.0.0.1 --port $(PORT)
 
 HOST ?= 127.0.0.1

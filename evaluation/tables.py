@@ -109,21 +109,21 @@ def headline_view_tag(
 ) -> dict[str, str]:
     """The experiment tag of the runs table's *Headline metrics* saved view.
 
-    Columns: the run tags ``tags`` (``cxrlt.debug``: a smoke run is told from a full one whatever its name), the
-    selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
+    Columns: the selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
     metric of the challenge's ranking chain in chain order, the mAP of that set's perturbed copy and of its held-out
     subset (docs/rules.md §10: the organisers' stability check; ``evaluation.headline``), each test figure followed
     by its bootstrap interval (``_ci_low``, ``_ci_high``), so that two runs a few thousandths apart are not read
     as ranked when their intervals overlap; rows sorted by the selection metric, best first, as ``make register``
     ranks runs (never by a test metric: docs/rules.md §2). Open it from the runs table's *Views* button, or with
-    ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``.
+    ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``. The run tags ``tags`` come last, where MLflow
+    puts tag columns (``cxrlt.debug``: a smoke run is told from a full one whatever its name).
 
     Args:
         selection_metric: the task's ``selection_metric`` (``val/mAP``; ``val/proxy_ood_mAP`` for Task 2).
         set_prefix: the metric set whose headline metrics are shown (``test_unseen`` for a zero-shot task).
         descending: whether a larger selection metric is better.
         now_ms: the view's creation time in ms (the UI shows it); the current time when None.
-        tags: run tags shown after the Dataset column.
+        tags: run tags shown as columns.
     """
     best = f"{selection_metric}_best"
     family = Headline(FAMILIES.get(set_prefix, SEEN_SETS))

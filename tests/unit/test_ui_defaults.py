@@ -42,7 +42,7 @@ def test_make_ui_starts_one_worker_and_no_job_runner_unless_asked():
 
 
 def test_make_ui_prints_the_address_of_the_training_view():
-    line = _recipe_line("echo", "PORT=5123")
+    line = _recipe_line("MLflow UI:", "PORT=5123")
     assert f"http://127.0.0.1:5123{UI_ADDRESS}" in line
 
 
@@ -60,6 +60,6 @@ def test_the_headline_view_puts_each_test_figures_interval_beside_it():
     assert len(columns) == 2 + 8 * 3  # Dataset, the selection metric, 6 chain metrics + 2 mAPs with their CIs
 
 
-def test_the_headline_view_shows_whether_a_run_was_a_debug_run_next_to_its_dataset():
-    assert _columns(tags=[DEBUG_TAG])[:2] == ["attributes.`Dataset`", f"tags.`{DEBUG_TAG}`"]
+def test_the_headline_view_shows_whether_a_run_was_a_debug_run():
+    assert f"tags.`{DEBUG_TAG}`" in _columns(tags=[DEBUG_TAG])
     assert not any(c.startswith("tags.") for c in _columns())
