@@ -13,6 +13,7 @@ The runs are written by :func:`evaluation.evaluate.store` itself, on a small syn
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from evaluation.evaluate import Evaluation, MetricSet, store
 from evaluation.suite import compute_suite
 from evaluation.tables import HEADLINE_VIEW_ID, PER_CLASS_TABLE, headline_view_tag
 from tests.cdp import Browser, chromium_binary
-from tests.conftest import free_port, wait_for_http
+from tests.conftest import PROJECT_ROOT, free_port, wait_for_http
 from training.tracking.run_context import mark_model_training
 
 pytestmark = pytest.mark.browser
@@ -90,6 +91,7 @@ def ui(tracked):
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        env={**os.environ, "MLFLOW_WORKERS": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as make ui
     )  # fmt: skip
     try:
         wait_for_http(f"http://127.0.0.1:{port}/health", server, 180, "mlflow ui")
@@ -124,6 +126,16 @@ def _close_assistant(browser: Browser) -> None:
 def _headers(browser: Browser) -> list[str]:
     return browser.js("[...new Set([...document.querySelectorAll('[role=columnheader]')]"
                       ".map(e => e.innerText.trim()).filter(Boolean))]")  # fmt: skip
+
+
+def test_the_address_make_ui_prints_opens_the_model_training_pages(ui, browser):
+    recipe = subprocess.run(["make", "-n", "-o", "setup", "-o", ".venv/.installed", "ui"], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    (page,) = re.findall(r"MLflow UI: http://127\.0\.0\.1:\d+(\S+)\"", recipe)
+    browser.goto(ui + page)
+    text = browser.wait_for("document.body.innerText.includes('task1') && document.body.innerText",
+                            what="experiment list")  # fmt: skip
+    assert "Model registry" in text and "Prompts" not in text  # the sidebar of model training, not of GenAI
 
 
 def test_the_model_training_switch_makes_the_experiment_link_open_the_runs_table(ui, tracked, browser):
@@ -173,7 +185,7 @@ def test_the_headline_view_opens_with_the_ranking_chain_as_columns(ui, tracked, 
     browser.wait_for("document.body.innerText.includes('Headline metrics')", what="the view's name")
     headers = browser.wait_for("(() => { const h = [...document.querySelectorAll('[role=columnheader]')]"
                                ".map(e => e.innerText.trim()); return h.includes('test/mAP') ? h : null; })()")  # fmt: skip
-    assert {"test/mAP", "test/mAUROC"} <= set(headers)
+    assert {"test/mAP", "test/mAP_ci_low", "test/mAP_ci_high", "test/mAUROC"} <= set(headers)
     assert "Sort: val/mAP_best" in browser.js("document.body.innerText")
 
 
