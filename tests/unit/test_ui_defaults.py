@@ -12,7 +12,8 @@ from mlflow.environment_variables import MLFLOW_SERVER_ENABLE_JOB_EXECUTION
 
 from evaluation.tables import headline_view_tag
 from tests.conftest import PROJECT_ROOT
-from training.tracking.run_context import DEBUG_TAG
+from training.tracking.run_context import DEBUG_TAG, mark_model_training
+from training.tracking.uri import tracking_client
 
 UI_ADDRESS = "/#/experiments?workflowType=machine_learning"
 
@@ -63,3 +64,16 @@ def test_the_headline_view_puts_each_test_figures_interval_beside_it():
 def test_the_headline_view_shows_whether_a_run_was_a_debug_run():
     assert f"tags.`{DEBUG_TAG}`" in _columns(tags=[DEBUG_TAG])
     assert not any(c.startswith("tags.") for c in _columns())
+
+
+def test_an_experiment_saved_with_an_older_headline_view_gets_the_current_one(tmp_path):
+    client = tracking_client(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("task1")
+    ((key, current),) = headline_view_tag("val/mAP", now_ms=2_000).items()
+    state = json.loads(json.loads(current)["state"])
+    older = {**state, "selectedColumns": [c for c in state["selectedColumns"] if "_ci_" not in c]}
+    client.set_experiment_tag(experiment, key, json.dumps({"name": "Headline metrics", "state": json.dumps(older)}))
+    mark_model_training(client, experiment, {key: current})
+    assert client.get_experiment(experiment).tags[key] == current
+    mark_model_training(client, experiment, headline_view_tag("val/mAP", now_ms=3_000))  # same columns, later
+    assert client.get_experiment(experiment).tags[key] == current  # kept: its creation time stays the first one

@@ -5,8 +5,9 @@ machine's load while it trained.
   manifest's fingerprint as digest and the split as context, so the runs table's Dataset column and filter
   work, and two runs on different data cannot be mistaken for comparable.
 - **Experiment kind** (``mlflow.experimentKind``): model training, and a saved runs-table view *Headline metrics*
-  (the selection metric at the kept checkpoint, the ranking chain, the perturbed mAP; sorted as ``make register``
-  ranks), offered by the runs table's *Views* button to everyone on the server.
+  (the selection metric at the kept checkpoint, the ranking chain, the perturbed mAP, with their intervals; sorted
+  as ``make register`` ranks), offered by the runs table's *Views* button to everyone on the server; a release
+  that changes its columns replaces it.
 - **Source heterogeneity** (``data/heterogeneity.md`` and ``.json``): per source, label composition, native
   resolution, grayscale mean and SD, view shares (:mod:`training.data.heterogeneity`; ``+heterogeneity.sample=N``
   sets how many images per source are decoded, 500 by default).
@@ -24,6 +25,7 @@ machine's load while it trained.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import warnings
 
@@ -48,10 +50,13 @@ DEBUG_TAG = "cxrlt.debug"
 
 
 def mark_model_training(client, experiment_id: str, views: dict[str, str] | None = None) -> None:
-    """Tag the experiment as model training and add saved ``views``, each unless someone already set it."""
+    """Tag the experiment as model training unless someone chose its kind, and save ``views``: this platform's own,
+    so a view whose columns differ (written by an older release) is replaced, and an equal one left as it is."""
     tags = client.get_experiment(experiment_id).tags
-    for key, value in {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], **(views or {})}.items():
-        if key not in tags:
+    if EXPERIMENT_KIND[0] not in tags:
+        client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
+    for key, value in (views or {}).items():
+        if key not in tags or json.loads(tags[key]).get("state") != json.loads(value)["state"]:
             client.set_experiment_tag(experiment_id, key, value)
 
 
