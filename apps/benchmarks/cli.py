@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from apps.benchmarks.framework.bad_input import BadInput
 from apps.benchmarks.framework.catalog import CONFIG_DIR, available, load_protocol
 from apps.benchmarks.framework.options import DEFAULT_ARTIFACT_ROOT, add_run_options
-from apps.benchmarks.framework.protocol import BadInput
 from training.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import PROJECT_ROOT
 
-#: ``python -m <module> <args>``, then which of the heavy packages it imported and its exit status, as JSON.
+#: ``python -m <module> <args>``, then which of the heavy packages it imported and its exit status, as JSON (SciPy
+#: and pandas come with MLflow; without it, a listing has no reason to load them).
 PROBE = """
 import json, runpy, sys
 module, sys.argv = sys.argv[1], sys.argv[1:]
@@ -24,7 +25,7 @@ try:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 except SystemExit as exit:
     code = exit.code
-print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "lightning", "mlflow") if m in sys.modules)}))
+print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "lightning", "mlflow", "scipy", "pandas") if m in sys.modules)}))
 """
 
 
@@ -38,7 +39,7 @@ COMMANDS = [
     (["apps.ensemble_cli", "--model", "a", "--model", "b", "--weighting", "bogus"], 1, []),  # unknown weighting
     (["apps.ensemble_cli", "--model", "a"], 1, []),  # one member
     (["apps.ensemble_cli", "--model", "a", "--model", "b"], 1, []),  # no store: refused, and none created
-    (["apps.registry", "--task", "task1"], 1, ["mlflow"]),  # no store: refused, and none created
+    (["apps.registry", "--task", "task1"], 1, ["mlflow", "pandas", "scipy"]),  # no store: refused, and none created
 ]
 
 
@@ -52,7 +53,7 @@ def test_an_unknown_run_is_refused_after_asking_the_store_but_before_the_model_s
     store = f"sqlite:///{tmp_path}/mlflow.db"
     subprocess.run([sys.executable, "-c", f"from mlflow import MlflowClient; MlflowClient({store!r}).search_experiments()"],
                    cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=300)  # fmt: skip
-    assert _probe(["apps.evaluate", "run=nonexistent"], tmp_path) == {"code": 1, "heavy": ["mlflow"]}
+    assert _probe(["apps.evaluate", "run=nonexistent"], tmp_path) == {"code": 1, "heavy": ["mlflow", "pandas", "scipy"]}
 
 
 def _probe(command: list[str], tmp_path) -> dict:

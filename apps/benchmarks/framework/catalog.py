@@ -9,12 +9,15 @@ cannot hide the others.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from apps.benchmarks.framework.bad_input import BadInput
 from apps.benchmarks.framework.options import CONFIG_DIR
-from apps.benchmarks.framework.protocol import BadInput, Protocol
+
+if TYPE_CHECKING:
+    from apps.benchmarks.framework.protocol import Protocol
 
 __all__ = ["CONFIG_DIR", "available", "load_protocol"]
 
@@ -43,6 +46,10 @@ def load_protocol(name: str, folder: str | Path = CONFIG_DIR) -> Protocol:
     node = OmegaConf.load(path)
     if node.get("name") != name:
         raise ValueError(f"{path}: name is {node.get('name')!r}, expected the file's stem {name!r}")
+    from hydra.utils import instantiate
+
+    from apps.benchmarks.framework.protocol import Protocol
+
     protocol = instantiate(node, _convert_="all")
     if not isinstance(protocol, Protocol):
         raise ValueError(f"{path}: _target_ {node.get('_target_')!r} is not a benchmark Protocol")

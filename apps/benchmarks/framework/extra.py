@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from apps.benchmarks.framework.protocol import BadInput
+from apps.benchmarks.framework.bad_input import BadInput
 
 INSTALL = "install the benchmark-only packages with make benchmarks-extra (or pip install -e '.[benchmarks]')"
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import pandas as pd
 
+from apps.benchmarks.framework.bad_input import BadInput  # noqa: F401  (the plug-ins import it from here)
 from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
 from apps.benchmarks.framework.metrics import stratified_resamples
 from apps.benchmarks.framework.sampling import fingerprint
@@ -35,13 +36,6 @@ from evaluation.bootstrap import resample_indices
 
 TargetKind = Literal["binary", "multilabel", "multiclass"]
 TARGET_KINDS = ("binary", "multilabel", "multiclass")
-
-
-class BadInput(ValueError):
-    """A benchmark cannot start on what the user named (protocol, version, data root, model).
-
-    The command line prints the message alone: the user mistyped something, and a traceback would bury it.
-    """
 
 
 def take(value, index: np.ndarray):
