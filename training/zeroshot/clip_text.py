@@ -3,9 +3,9 @@
 The tokenizer pads every prompt to 77 positions; the description bank's prompts hold about 12 real tokens. A CLIP
 text tower is causal and reads its embedding at the end-of-text token (the highest id, ``argmax`` pooling), so no
 position after that token can change it: cutting a batch after its longest prompt gives the same embeddings, and
-sorting the prompts by length first keeps long and short ones apart. On a CPU this is what makes a ViT-L-14 text
-tower's 1,400 bank prompts take seconds, not minutes. A tower that attends both ways or pools another position
-(BiomedCLIP's BERT, SigLIP's last token) is run at full length.
+sorting the prompts by length first keeps long and short ones apart: the description bank's prompts then pass about
+a sixth of the positions through the tower. A tower that attends both ways or pools another position (BiomedCLIP's
+BERT, SigLIP's last token) is run at full length.
 """
 
 from __future__ import annotations
