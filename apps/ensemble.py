@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 from evaluation.metric_registry import average_precision
 from evaluation.predictions import PredictionsError, read_predictions
 from evaluation.suite import compute_suite
-from training.config_files import config_file, option_names
+from training.config_files import config_file
 from training.errors import UserError
 from training.run_lookup import ModelNotFound, resolve_run
 from training.runs import read_config
@@ -348,9 +348,8 @@ def load_weights(client: MlflowClient, run_id: str, folder: str | Path) -> Store
 
 
 def build_weighting(name: str):
-    """The weighting of ``configs/ensemble/<name>.yaml`` (its ``_target_`` and arguments; ``name`` is metadata)."""
-    if name not in option_names("ensemble"):
-        raise EnsembleError(f"no weighting {name!r}; choose one of {option_names('ensemble')} (configs/ensemble/)")
+    """The weighting of ``configs/ensemble/<name>.yaml`` (its ``_target_`` and arguments; ``name`` is metadata), a
+    name :func:`apps.ensemble_cli.check_arguments` has checked."""
     cfg = OmegaConf.load(CONFIGS / f"{name}.yaml")
     return instantiate({key: value for key, value in OmegaConf.to_container(cfg).items() if key != "name"})
 
@@ -401,9 +400,8 @@ def suite_map(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str]) -> 
 
 def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence[str], weighting: str,
                  experiment: str | None = None) -> tuple[str, dict[str, float], StoredEnsemble]:  # fmt: skip
-    """Fit, score and log one ensemble; returns ``(run id, metrics, stored weights)``."""
-    if len(references) < 2:
-        raise EnsembleError(f"an ensemble needs at least two members, got {len(references)}")
+    """Fit, score and log one ensemble of two or more members (checked by the command line); returns ``(run id,
+    metrics, stored weights)``."""
     try:
         run_ids = [resolve_run(reference, client)[0] for reference in references]
     except ValueError as error:  # a malformed models:/ reference
