@@ -14,6 +14,7 @@ pytestmark = pytest.mark.e2e  # trains through the real CLI: make test-e2e (docs
 
 # head -> (extra overrides, checkpoint keys only that head has)
 HEADS = {
+    "csra": ((), {"head.weight", "head.norm.running_mean"}),
     "ml_decoder": (("model.head.dim=16", "model.head.heads=2"), {"head.queries", "head.weight"}),
     "two_stage": (("aux_loss=linear",), {"head.gate.weight", "head.weight", "aux_head.weight"}),
     "moe": (("two_phase=moe", "callbacks.two_phase.switch_epoch=1"), {"head.expert_weight", "head.phase"}),

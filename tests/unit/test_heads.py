@@ -290,3 +290,29 @@ def test_two_phase_switch_fraction_scales_with_the_run(fraction, max_epochs, exp
     model = SimpleNamespace(head=SimpleNamespace(start_phase_two=None))
     callback.on_fit_start(SimpleNamespace(max_epochs=max_epochs), model)
     assert callback.switch_epoch == expected
+
+
+def test_csra_logit_is_the_mean_score_plus_lam_times_the_attended_score_by_hand():
+    """One class with weight (3, 4) (unit (0.6, 0.8)) over two locations (1, 0) and (0, 2): scores 0.6 and 1.6, mean
+    1.1; softmax weights sigmoid(-1) and sigmoid(1) give 0.6 x 0.268941 + 1.6 x 0.731059 = 1.331059."""
+    from training.models.heads.csra import CSRAHead
+
+    head = CSRAHead(2, 1, lam=0.1, temperature=1.0, batch_norm=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[3.0, 4.0]]))
+    feature_map = torch.tensor([[1.0, 0.0], [0.0, 2.0]]).reshape(1, 2, 1, 2)  # (B, F, h, w): columns are locations
+    assert head(feature_map).item() == pytest.approx(1.1 + 0.1 * 1.331059, abs=1e-6)
+    head.temperature = float("inf")  # the attended score is the maximum
+    assert head(feature_map).item() == pytest.approx(1.1 + 0.1 * 1.6, abs=1e-6)
+    tokens = feature_map.flatten(2).transpose(1, 2)  # the same locations as a transformer's (B, N, F) tokens
+    assert head(tokens).item() == pytest.approx(1.26, abs=1e-6)
+
+
+def test_csra_without_attention_is_a_linear_head_on_the_pooled_feature_with_unit_weights():
+    from training.models.heads.csra import CSRAHead
+
+    torch.manual_seed(0)
+    head = CSRAHead(8, 3, lam=0.0, batch_norm=False)
+    feature_map = torch.randn(4, 8, 5, 5)
+    unit = head.weight / head.weight.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(head(feature_map), feature_map.mean(dim=(2, 3)) @ unit.T + head.bias)
