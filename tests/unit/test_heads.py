@@ -316,3 +316,30 @@ def test_csra_without_attention_is_a_linear_head_on_the_pooled_feature_with_unit
     feature_map = torch.randn(4, 8, 5, 5)
     unit = head.weight / head.weight.norm(dim=1, keepdim=True)
     torch.testing.assert_close(head(feature_map), feature_map.mean(dim=(2, 3)) @ unit.T + head.bias)
+
+
+def test_head_lr_gives_the_heads_their_own_rate_and_the_schedule_scales_both_alike():
+    model = _model(aux_weight=0.5)
+    model.hparams.model_cfg = {**model.hparams.model_cfg, "lr": 1e-3, "head_lr": 1e-2, "warmup_epochs": 1}
+    model._trainer = SimpleNamespace(estimated_stepping_batches=10, max_epochs=2)
+    configured = model.configure_optimizers()
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    rate = {id(p): (g["initial_lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+    decay = model.hparams.model_cfg["weight_decay"]
+    assert rate[id(model.head.weight)] == rate[id(model.aux_head.weight)] == (1e-2, decay)
+    assert rate[id(model.head.bias)] == (1e-2, 0.0)
+    backbone = next(p for p in model.backbone.parameters() if p.ndim > 1)
+    assert rate[id(backbone)] == (1e-3, decay)
+    assert len(rate) == sum(p.requires_grad for p in model.parameters())  # every trained parameter, once
+    for _ in range(3):  # the warm-up multiplies every group's rate by the same factor
+        optimizer.step()
+        scheduler.step()
+    assert len({round(g["lr"] / g["initial_lr"], 12) for g in optimizer.param_groups}) == 1
+    assert 0 < optimizer.param_groups[0]["lr"] < 1e-3
+
+
+def test_without_head_lr_the_optimiser_keeps_its_two_groups():
+    model = _model()
+    model._trainer = SimpleNamespace(estimated_stepping_batches=10, max_epochs=2)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    assert [g["weight_decay"] for g in groups] == [model.hparams.model_cfg["weight_decay"], 0.0]
