@@ -53,7 +53,6 @@ from training.tracking.uri import resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # models-from-code: the registry stores code, no pickle
 ALIAS = "champion"
 TASK_CONFIGS = CONFIGS / "task"
 #: Metric sets of the default evaluation that a tuning trial skips; a champion without them is evaluated first.
@@ -269,7 +268,7 @@ def register_run(client: MlflowClient, run_id: str, name: str, alias: str = ALIA
     The pyfunc is logged into the source run (artifact ``model``), so the version's source is that run.
     Returns the ``ModelVersion`` now holding the alias.
     """
-    from apps.serving import Scorer, example_request, save_artifacts, signature  # torch: only to build a model
+    from apps.serving import PYFUNC_CODE, Scorer, example_request, save_artifacts, signature  # torch: to build a model
     from training.tracking.tracked_run import TrackedRun  # lightning, likewise
 
     existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")

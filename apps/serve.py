@@ -13,14 +13,13 @@ read.
 
 What the served model may read (docs/tuning-registry-submission.md, "Serving"): a request's ``image_b64`` always;
 an ``image`` path only under the folder given as ``--image-root`` (``make serve IMAGE_ROOT=...``), which reaches the
-model as :data:`IMAGE_ROOT_ENV`. Without it the server opens no file a request names.
+model as its ``model_config``. Without it the server opens no file a request names.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,9 +27,6 @@ from pathlib import Path
 from training.errors import UserError, user_errors
 from training.run_lookup import ModelNotFound, existing_store_client, finished_run
 from training.tracking.uri import resolve_tracking_uri
-
-#: The folder under which the served model opens ``image`` paths; unset: it opens none (read by apps.serving).
-IMAGE_ROOT_ENV = "CXRLT_SERVE_IMAGE_ROOT"
 
 
 def check_model(reference: str, uri: str) -> None:
@@ -47,21 +43,18 @@ def check_model(reference: str, uri: str) -> None:
         raise ModelNotFound(f"{error}; `make register TASK=<task>` registers a champion to serve") from None
 
 
-def apply_image_root(image_root: Path | None) -> None:
-    """Let the served model open request paths under ``image_root`` only (checked to be a folder, stored resolved);
-    never under a root a variable left in the shell names."""
-    os.environ.pop(IMAGE_ROOT_ENV, None)
-    if image_root is not None:
-        if not image_root.is_dir():
-            raise UserError(f"--image-root {image_root}: no such folder")
-        os.environ[IMAGE_ROOT_ENV] = str(image_root.resolve())
+def image_root_folder(image_root: Path | None) -> Path | None:
+    """The folder request paths may lie under, resolved; None: the server opens no file a request names."""
+    if image_root is not None and not image_root.is_dir():
+        raise UserError(f"--image-root {image_root}: no such folder")
+    return image_root.resolve() if image_root is not None else None
 
 
 #: The stored files the served model is rebuilt from: pyfunc artifact name -> file in the stored model folder.
 STORED_DATA = {"spec": "artifacts/spec.json", "weights": "artifacts/weights.pt"}
 
 
-def served_pyfunc(reference: str, folder: Path):
+def served_pyfunc(reference: str, folder: Path, image_root: Path | None = None):
     """The model ``reference`` names as a pyfunc whose code is this installation's, its weights and spec the store's.
 
     Raises:
@@ -69,8 +62,7 @@ def served_pyfunc(reference: str, folder: Path):
     """
     import mlflow.pyfunc
 
-    from apps.registry import PYFUNC_CODE
-    from apps.serving import signature
+    from apps.serving import PYFUNC_CODE, signature
 
     stored = Path(mlflow.artifacts.download_artifacts(artifact_uri=reference, dst_path=str(folder / "stored")))
     artifacts = {name: stored / file for name, file in STORED_DATA.items()}
@@ -80,8 +72,9 @@ def served_pyfunc(reference: str, folder: Path):
                         "(make register RUN=<run id>)")  # fmt: skip
     labels = json.loads(artifacts["spec"].read_text())["labels"]
     mlflow.pyfunc.save_model(str(folder / "served"), python_model=str(PYFUNC_CODE), pip_requirements=[],
-                             artifacts={k: str(v) for k, v in artifacts.items()}, signature=signature(labels))  # fmt: skip
-    return mlflow.pyfunc.load_model(str(folder / "served"))
+                             artifacts={k: str(v) for k, v in artifacts.items()}, signature=signature(labels),
+                             model_config={"image_root": ""})  # fmt: skip
+    return mlflow.pyfunc.load_model(str(folder / "served"), model_config={"image_root": str(image_root or "")})
 
 
 class BodyLimit:
@@ -129,14 +122,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     uri = resolve_tracking_uri()
     with user_errors(debug=args.debug), tempfile.TemporaryDirectory() as tmp:
-        apply_image_root(args.image_root)
+        image_root = image_root_folder(args.image_root)
         check_model(args.model, uri)
         import mlflow
         import uvicorn
         from mlflow.pyfunc.scoring_server import init
 
         mlflow.set_tracking_uri(uri)
-        app = BodyLimit(init(served_pyfunc(args.model, Path(tmp))), int(args.max_request_mb * 2**20))
+        app = BodyLimit(init(served_pyfunc(args.model, Path(tmp), image_root)), int(args.max_request_mb * 2**20))
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -12,8 +12,8 @@ Requests are a DataFrame with one image per row, either ``image_b64`` (the file'
 
     {"dataframe_split": {"columns": ["image_b64"], "data": [["iVBORw0KGgo..."]]}}
 
-A path is opened only under the image root the server was started with (``make serve IMAGE_ROOT=<folder>``,
-:data:`apps.serve.IMAGE_ROOT_ENV`, or ``model_config={"image_root": ...}`` when loading the pyfunc in Python): it is
+A path is opened only under the image root the server was started with (``make serve IMAGE_ROOT=<folder>``, which
+loads the pyfunc with ``model_config={"image_root": ...}``, as one may in Python): it is
 resolved (links and ``..`` included) and refused outside that folder. Without a root the server opens no file a
 request names, so a model served beyond one's own machine reads only the bytes it is sent.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,7 +51,6 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types.schema import ColSpec, Schema
 from torch import nn
 
-from apps.serve import IMAGE_ROOT_ENV
 from evaluation.tta import TTAPredictor
 from training.checkpoint_io import load_weights_only
 from training.data.images import read_grayscale
@@ -62,6 +60,10 @@ from training.runs import FinishedModel, load_finished
 #: reader by suffix, e.g. DICOM) sees the same kind of file it would on disk.
 MAGIC_SUFFIXES: dict[bytes, str] = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg", b"II*\x00": ".tif", b"MM\x00*": ".tif"}
 DICOM_MAGIC = (128, b"DICM")
+
+
+#: Models-from-code: the registry stores this file, not a pickled object; ``make serve`` saves it afresh from here.
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
 
 
 class RequestError(ValueError):
@@ -167,8 +169,8 @@ def allowed_path(value, root: Path | None) -> Path:
         ValueError: no root was configured, or the resolved path leaves it.
     """
     if root is None:
-        raise ValueError(f"this server opens no file a request names; send the image's bytes as 'image_b64', or "
-                         f"start the server with an image root (make serve IMAGE_ROOT=<folder>, {IMAGE_ROOT_ENV})")  # fmt: skip
+        raise ValueError("this server opens no file a request names; send the image's bytes as 'image_b64', or "
+                         "start the server with an image root (make serve IMAGE_ROOT=<folder>)")  # fmt: skip
     root = Path(root).resolve()
     path = (root / str(value)).resolve()
     if not path.is_relative_to(root):
@@ -230,7 +232,7 @@ class CXRClassifierModel(mlflow.pyfunc.PythonModel):
         state = load_weights_only(context.artifacts["weights"], "the registered model's weights")
         self.scorer = Scorer.from_spec(spec, state)
         config = getattr(context, "model_config", None) or {}
-        root = os.environ.get(IMAGE_ROOT_ENV) or config.get("image_root")
+        root = config.get("image_root")
         self.image_root = Path(root) if root else None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

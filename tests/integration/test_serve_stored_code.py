@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from apps.registry import PYFUNC_CODE
-from apps.serving import Scorer, save_artifacts, signature
+from apps.serving import PYFUNC_CODE, Scorer, save_artifacts, signature
 from tests.conftest import PROJECT_ROOT, free_port, stop_process_group, wait_for_http
 from training.models.factory import build_model
 from training.runs import FinishedModel

@@ -18,9 +18,7 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import scoring_server
 
-from apps.registry import PYFUNC_CODE
-from apps.serve import IMAGE_ROOT_ENV
-from apps.serving import Scorer, save_artifacts, signature
+from apps.serving import PYFUNC_CODE, Scorer, save_artifacts, signature
 from training.models.factory import build_model
 from training.runs import FinishedModel
 
@@ -37,7 +35,7 @@ def saved_model(tmp_path_factory):
     scorer = Scorer(FinishedModel(network, LABELS, image_size=32, resize="stretch", thresholds=None, run_id="r"))
     path = tmp / "model"
     mlflow.pyfunc.save_model(str(path), python_model=str(PYFUNC_CODE), artifacts=save_artifacts(scorer, tmp / "a"),
-                             signature=signature(LABELS), pip_requirements=[])  # no requirement inference: seconds  # fmt: skip
+                             signature=signature(LABELS), pip_requirements=[], model_config={"image_root": ""})  # no requirement inference: seconds  # fmt: skip
     image = tmp / "images" / "x.png"
     image.parent.mkdir()
     cv2.imwrite(str(image), np.random.default_rng(0).integers(0, 255, (40, 40), dtype=np.uint8))
@@ -55,9 +53,8 @@ def _answer(model, frame: dict) -> tuple[int, str]:
 
 
 @pytest.fixture
-def served(saved_model, monkeypatch):
+def served(saved_model):
     path, image = saved_model
-    monkeypatch.delenv(IMAGE_ROOT_ENV, raising=False)
     return mlflow.pyfunc.load_model(str(path)), image
 
 
@@ -81,10 +78,11 @@ def test_a_path_is_refused_without_an_image_root_with_the_reason(served):
     )
 
 
-def test_a_missing_image_under_the_root_is_a_400_with_its_cause(saved_model, monkeypatch):
+def test_a_missing_image_under_the_root_is_a_400_with_its_cause(saved_model):
     path, image = saved_model
-    monkeypatch.setenv(IMAGE_ROOT_ENV, str(image.parent))  # what make serve IMAGE_ROOT=... sets for the server
-    model = mlflow.pyfunc.load_model(str(path))
+    model = mlflow.pyfunc.load_model(
+        str(path), model_config={"image_root": str(image.parent)}
+    )  # make serve's IMAGE_ROOT
     status, body = _answer(model, {"columns": ["image"], "data": [["x.png"]]})
     assert status == 200 and list(json.loads(body)["predictions"][0]) == LABELS
     status, message = _answer(model, {"columns": ["image"], "data": [["x.png"], ["gone.png"]]})

@@ -48,14 +48,14 @@ def test_serve_hands_mlflow_the_resolved_store(configured, monkeypatch):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", configured)
     else:
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv(serve.IMAGE_ROOT_ENV, "/left/in/the/shell")
     checked, read, started = [], [], []
     monkeypatch.setattr(serve, "check_model", lambda model, uri: checked.append((model, uri)))
-    monkeypatch.setattr(serve, "served_pyfunc", lambda model, folder: read.append((model, mlflow.get_tracking_uri())))
+    monkeypatch.setattr(
+        serve, "served_pyfunc", lambda model, folder, root: read.append((model, mlflow.get_tracking_uri(), root))
+    )
     monkeypatch.setattr("mlflow.pyfunc.scoring_server.init", lambda model: "app")
     monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **options: started.append((app.app, host, port)))
     serve.main(["--model", "models:/cxrlt-task1@champion", "--port", "5001"])
     uri = configured or "sqlite:///mlruns/mlflow.db"
-    assert checked == read == [("models:/cxrlt-task1@champion", uri)]
+    assert checked == [("models:/cxrlt-task1@champion", uri)] and read == [(*checked[0], None)]  # no image root
     assert started == [("app", "127.0.0.1", 5001)]
-    assert serve.IMAGE_ROOT_ENV not in os.environ  # no image root unless given
