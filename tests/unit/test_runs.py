@@ -8,6 +8,7 @@ import torch
 from training.allowed_targets import UnsafeConfig, check_targets
 from training.models.factory import UnsafeTarget, build_model
 from training.runs import FinishedModel, ModelNotFound, load_finished, parse_reference
+from training.tracking.health import TrackingUnavailable
 from training.tracking.uri import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
 
 MODEL_CFG = {"backbone": "resnet18", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}
@@ -77,7 +78,8 @@ def test_tracking_uri_precedence(monkeypatch):
     assert resolve_tracking_uri("sqlite:///other.db") == "sqlite:///other.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://team:5000")
     assert resolve_tracking_uri("sqlite:///other.db") == "http://team:5000"
-    assert tracking_client().tracking_uri == "http://team:5000"
+    with pytest.raises(TrackingUnavailable, match=r"^tracking server http://team:5000 is unreachable"):
+        tracking_client()  # the variable's server is asked first, and does not answer: one line, no retries
 
 
 @pytest.fixture(scope="module")
