@@ -55,7 +55,7 @@ def test_smoke_run_logs_the_contracted_keys(smoke_runs, smoke_data):
     assert set(runs) == set(MODELS)
     run = runs["regnetx_004"]
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "regnetx_004-bce-random-s42"
+    assert run.info.run_name == f"debug-regnetx_004-bce-random-s42-{run.data.tags['cxrlt.run_key'][:6]}"
     params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
     assert params["model.backbone"] == "regnetx_004" and params["loss._target_"].endswith("BCELoss")
     assert params["trainer.max_epochs"] == "1"
@@ -154,7 +154,10 @@ def test_crt_retrains_only_the_head_of_a_finished_run(smoke_runs, smoke_data):
     experiment = client.get_experiment_by_name("task1")
     (crt,) = client.search_runs([experiment.experiment_id], filter_string="tags.`cxrlt.stage` = 'crt'")
     assert crt.data.tags["mlflow.parentRunId"] == parent.info.run_id
-    assert crt.info.run_name == "resnet18-bce-class_aware-s42-crt" and crt.data.params["sampler.name"] == "class_aware"
+    assert (
+        crt.info.run_name.startswith("debug-resnet18-bce-class_aware-s42-crt-")
+        and crt.data.params["sampler.name"] == "class_aware"
+    )
 
     def state(run):
         path = client.download_artifacts(run.info.run_id, "checkpoints/best.ckpt", str(tmp / run.info.run_id))

@@ -123,7 +123,7 @@ def test_preset_smoke_run(name, store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs(
-        [e.experiment_id for e in client.search_experiments()], f"attributes.run_name = '{run_name}'"
+        [e.experiment_id for e in client.search_experiments()], f"attributes.run_name LIKE 'debug-{run_name}-%'"
     )
     assert run.info.status == "FINISHED"
     assert run.data.tags["cxrlt.preset"] == name

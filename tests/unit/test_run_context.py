@@ -74,3 +74,14 @@ def test_the_validation_fingerprint_follows_the_validation_rows_and_debug_follow
     assert comparability_tags(full, _module(more_training))["cxrlt.val_fingerprint"] == fingerprint
     assert comparability_tags(full, _module(table, val_rows=1))["cxrlt.val_fingerprint"] != fingerprint
     assert comparability_tags(full, _module(relabelled))["cxrlt.val_fingerprint"] != fingerprint
+
+
+def test_a_runs_display_name_leads_with_debug_and_ends_with_its_config_key():
+    from omegaconf import OmegaConf
+
+    from training.tracking.session import display_name
+
+    full = OmegaConf.create({"run_name": "task1_a-convnextv2_base-db-rfs-s42", "data": {"image_size": 512}})
+    smoke = OmegaConf.create({"run_name": "regnetx_004-bce-random-s42", "data": {"debug_size": {"train": 320}}})
+    assert display_name(full, "0123456789abcdef") == "task1_a-convnextv2_base-db-rfs-s42-012345"
+    assert display_name(smoke, "fedcba9876543210") == "debug-regnetx_004-bce-random-s42-fedcba"

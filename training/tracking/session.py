@@ -151,6 +151,14 @@ class TrackingSession:
             shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
 
 
+def display_name(cfg: DictConfig, key: str) -> str:
+    """The run's name in the UI: ``debug-`` first for a debug preset's run (the runs table cuts long names, so the
+    mark must lead), then ``run_name`` (a preset's own name starts with it), then the config key's first six
+    characters, which tell apart runs whose names would otherwise be equal."""
+    debug = OmegaConf.select(cfg, "data.debug_size", default=None) is not None
+    return f"{'debug-' if debug else ''}{cfg.run_name}-{key[:6]}"
+
+
 def reconnect_timeout(cfg: DictConfig) -> float:
     """Seconds to wait for a vanished tracking server before the post-fit steps give up."""
     return float(cfg.tracking.get("reconnect_timeout", 300))
@@ -237,7 +245,7 @@ def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
         # Created here, where two first trainings at once are tolerated; Lightning's logger would fail the second.
         ensure_experiment(tracking_client(uri), cfg.tracking.experiment, uri, cfg.tracking.artifact_root)
         logger = RunLogger(
-            experiment_name=cfg.tracking.experiment, run_name=cfg.run_name, tracking_uri=uri,
+            experiment_name=cfg.tracking.experiment, run_name=display_name(cfg, key), tracking_uri=uri,
             artifact_location=artifact_location, tags=run_tags,
         )  # fmt: skip
         logger.log_hyperparams(flatten(cfg))
