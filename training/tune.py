@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import hydra
 import optuna
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
@@ -81,8 +81,10 @@ def run_study(cfg: DictConfig, overrides: Sequence[str], compose: Callable[[list
     best = state.describe_best(metric)
     if best is not None:
         log.info("%s", best)
-        log.info("next: `make register TASK=%s` registers the best finished run (the full evaluation first, if it is "
-                 "a trial); `make optuna-dashboard` explores the study", cfg.task.name)  # fmt: skip
+        # A debug preset's trials are debug runs, which make register ranks only when asked to.
+        debug = " ARGS=--include-debug" if OmegaConf.select(cfg, "data.debug_size", default=None) is not None else ""
+        log.info("next: `make register TASK=%s%s` registers the best finished run (the full evaluation first, if it "
+                 "is a trial); `make optuna-dashboard` explores the study", cfg.task.name, debug)  # fmt: skip
     return study
 
 

@@ -60,8 +60,9 @@ def study(tmp_path_factory):
            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     started = time.perf_counter()
-    _run(tune_command(tmp, 6, "pruner=aggressive", *SMOKE), env)
+    tuned = _run(tune_command(tmp, 6, "pruner=aggressive", *SMOKE), env)
     first = _snapshot(tmp, client)
+    first["printed"] = tuned.stdout + tuned.stderr
     first["seconds"] = time.perf_counter() - started
     _run(tune_command(tmp, 8, "pruner=aggressive", *SMOKE), env)
     return {"tmp": tmp, "env": env, "client": client, "first": first, "second": _snapshot(tmp, client)}
@@ -125,6 +126,15 @@ def test_restart_with_more_trials_adds_two_to_the_same_study(study):
         assert second["children"][number].info.run_id == first["children"][number].info.run_id
     params = [json.dumps(t.params, sort_keys=True) for t in second["trials"]]
     assert len(set(params)) == 8  # the restart drew new points instead of replaying the first ones
+
+
+def test_the_printed_next_step_is_the_register_command_that_works_on_smoke_trials(study):
+    """Smoke trials are debug runs, which make register ranks only with --include-debug: the hint says so, and the
+    champion fixture below registers with exactly that option."""
+    assert (
+        "next: `make register TASK=task1 ARGS=--include-debug` registers the best finished run"
+        in study["first"]["printed"]
+    )
 
 
 @pytest.fixture(scope="module")

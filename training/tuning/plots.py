@@ -33,9 +33,16 @@ PLOTS: dict[str, tuple[str, Callable[[optuna.Study], object]]] = {
         "Intermediate values (per epoch, as the pruner saw them)",
         visualization.plot_intermediate_values,
     ),
-    # A multi-objective study's front (two or three objectives; Optuna refuses more, and a single-objective study)
-    "pareto_front": ("Pareto front", lambda study: visualization.plot_pareto_front(study, target_names=_names(study))),
+    "pareto_front": ("Pareto front", lambda study: _pareto_front(study)),
 }
+
+
+def _pareto_front(study: optuna.Study):
+    """A multi-objective study's front (two or three objectives: Optuna refuses more); a one-objective study has
+    none to draw, which is no news worth a log line."""
+    if len(study.directions) < 2:
+        return None
+    return visualization.plot_pareto_front(study, target_names=_names(study))
 
 
 def _names(study: optuna.Study) -> list[str] | None:
@@ -57,7 +64,7 @@ def figures(study: optuna.Study) -> dict[str, object]:
         except (ValueError, RuntimeError, ZeroDivisionError) as error:
             log.info("plot %s skipped: %s", key, error)
             continue
-        if figure.data:  # e.g. no intermediate values without a pruner: an empty frame says nothing
+        if figure is not None and figure.data:  # no intermediate values without a pruner: an empty frame says nothing
             drawn[key] = figure
     return drawn
 
