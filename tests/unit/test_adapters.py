@@ -131,19 +131,25 @@ def test_cxrlt_ids_stay_text_and_organiser_names_map_to_the_papers(tmp_path):
 def test_scientific_notation_ids_are_refused_with_their_line(tmp_path):
     cxrlt_release(tmp_path / "r", ["1.23457E+11", "200"])
     with pytest.raises(AdapterError, match=r"line 2, column 'ImageID': '1.23457E\+11' looks like a number"):
-        TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")).prepare()
+        TableSource(
+            str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")
+        ).prepare()
 
 
 def test_duplicated_ids_are_refused_with_their_lines(tmp_path):
     cxrlt_release(tmp_path / "r", ["a", "b", "a"])
     with pytest.raises(AdapterError, match=r"'a' duplicated on lines \[2, 4\]"):
-        TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")).prepare()
+        TableSource(
+            str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")
+        ).prepare()
 
 
 def test_unknown_class_names_are_refused_with_a_suggestion(tmp_path):
     cxrlt_release(tmp_path / "r", ["a", "b"], extra={"cardiomegalia": [0, 1]})
     with pytest.raises(AdapterError, match=r"column 'cardiomegalia': unknown class name \(did you mean 'Cardiomegaly'"):
-        TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")).prepare()
+        TableSource(
+            str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")
+        ).prepare()
 
 
 def test_bad_label_values_are_named(tmp_path):
@@ -171,7 +177,9 @@ def test_generic_table_with_label_map_split_column_and_dicom_paths(tmp_path):
 
 def test_manifest_is_rewritten_only_when_its_content_changes(tmp_path):
     cxrlt_release(tmp_path / "r", [f"i{i}" for i in range(10)])
-    source = TableSource(str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m"))
+    source = TableSource(
+        str(tmp_path / "r"), table="train_labels.csv", image_column="ImageID", out_dir=str(tmp_path / "m")
+    )
     first = source.prepare()
     stamp = first.stat().st_mtime_ns
     assert source.prepare() == first and first.stat().st_mtime_ns == stamp
