@@ -372,8 +372,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for note in comparison.notes:
         print(f"note: {note}")
     if run_id:
-        print(f"\nlogged as run {run_id} in experiment compare-{task} (report: compare/report.html); each compared "
-              "run is tagged cxrlt.compared_in with it")  # fmt: skip
+        report = f"{client.get_run(run_id).info.artifact_uri}/{FOLDER}/report.html"  # a file:// URL on a local store
+        print(f"\nlogged as run {run_id} in experiment compare-{task}; each compared run is tagged cxrlt.compared_in "
+              f"with it\nreport: {report}")  # fmt: skip
 
 
 if __name__ == "__main__":

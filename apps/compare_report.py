@@ -39,7 +39,9 @@ def heatmap(comparison: Comparison, path: Path) -> Path:
     table = class_order(comparison.per_class)
     names = comparison.entries
     values = table[names].to_numpy(dtype=float).T  # (entries, classes)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(table) + 2.5), 1.0 + 0.55 * len(names)), dpi=110)
+    # Rows 0.55 in each, plus 2.8 in for the title and the rotated two-line class labels, which would otherwise
+    # squeeze two rows into a strip.
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(table) + 2.5), 2.8 + 0.55 * len(names)), dpi=110)
     image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
     for row, name in enumerate(names):
         marks = table[f"{name} mark"] if row else pd.Series([""] * len(table), index=table.index)
@@ -52,7 +54,7 @@ def heatmap(comparison: Comparison, path: Path) -> Path:
                                       zip(table["class"], table["group"], table["support"], strict=True)],
                   rotation=90, fontsize=6.5)  # fmt: skip
     fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="test AP")
-    ax.set_title(f"Per-class test AP; ▲/▼ significantly better/worse than {names[0]} ({CORRECTION}-adjusted "
+    ax.set_title(f"Per-class test AP; ▲/▼ significantly better/worse than {names[0]}\n({CORRECTION}-adjusted "
                  f"p < {comparison.settings.alpha} over each row's classes)", fontsize=8)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)

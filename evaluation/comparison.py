@@ -78,14 +78,15 @@ class Comparison:
         return lines
 
     def verdict_table(self) -> pd.DataFrame:
-        """The pairs table as people read it: the difference b - a with its CI and Holm p, per pair and metric."""
+        """The pairs table as people read it, the runs in the order they were given: the difference b - a with its
+        CI and Holm p, per pair and metric."""
         table = self.pairs.assign(
             difference=self.pairs.apply(lambda r: f"{r.difference:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]", axis=1),
             p=self.pairs["p"].map(lambda p: f"{p:.2g}"),
             p_holm=self.pairs["p_holm"].map(lambda p: f"{p:.2g}"),
             verdict=self.pairs.apply(lambda r: f"{r.better} better" if r.significant else "tied", axis=1),
         )
-        return table[["b", "a", "metric", "b_value", "a_value", "difference", "p", "p_holm", "verdict"]].round(4)
+        return table[["a", "b", "metric", "a_value", "b_value", "difference", "p", "p_holm", "verdict"]].round(4)
 
 
 def compare(data: PairedData, members: Mapping[str, Sequence[str]], groups: Mapping[str, str] | None = None,

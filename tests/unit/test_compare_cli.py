@@ -64,6 +64,12 @@ def test_make_compare_logs_a_comparison_run_linked_from_each_run_and_refuses_ano
 
     out = capsys.readouterr().out
     assert "good beats bad on mAP by" in out and "Holm" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "a_value" in line)
+    assert lines[header].split()[:5] == ["a", "b", "metric", "a_value", "b_value"]  # as given: good, then bad
+    assert lines[header + 1].split()[:2] == ["good", "bad"]
+    report = next(line for line in lines if line.startswith("report: ")).removeprefix("report: ")
+    assert report.startswith("file://") and Path(report.removeprefix("file://")).is_file()  # opens as printed
     compared_in = client.get_run(good).data.tags["cxrlt.compared_in"]
     assert client.get_run(bad).data.tags["cxrlt.compared_in"] == compared_in
     comparison = client.get_run(compared_in)
