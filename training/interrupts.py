@@ -51,13 +51,25 @@ class Interrupted(BaseException):
         return line
 
 
+#: The process whose signals raise :class:`Interrupted`; a forked child (a data-loading worker) inherits the handler.
+_owner: int | None = None
+
+
 def _raise_interrupted(signum: int, frame) -> None:
+    if os.getpid() != _owner:  # a forked worker: behave as without the handler (its parent reports the stop)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise Interrupted(signum)
 
 
 def stop_on_signals() -> None:
     """Make SIGTERM and SIGINT raise :class:`Interrupted` (main thread only: Python runs handlers there)."""
+    global _owner
     if threading.current_thread() is threading.main_thread():
+        _owner = os.getpid()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, _raise_interrupted)
 

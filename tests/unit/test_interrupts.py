@@ -23,6 +23,16 @@ def test_a_signal_inside_an_entry_point_ends_it_with_128_plus_the_signal_and_one
     assert done.stderr.strip().splitlines() == ["-c: stopped by SIGTERM"]
 
 
+def test_a_forked_child_that_inherited_the_handler_dies_of_the_signal_as_without_it():
+    """Data-loading workers are forked after the handler is set: SIGTERM ends such a child as it would have, and only
+    the process that set the handler reports the stop."""
+    code = ("import os, signal, sys\nfrom training.interrupts import stop_on_signals\nstop_on_signals()\n"
+            "child = os.fork()\nif child == 0:\n    os.kill(os.getpid(), signal.SIGTERM)\n    os._exit(0)\n"
+            "_, status = os.waitpid(child, 0)\nprint(os.WIFSIGNALED(status) and os.WTERMSIG(status))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == str(int(signal.SIGTERM)), done.stderr
+
+
 def _finished_process_tag() -> str:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     started = psutil.Process(child.pid).create_time()
