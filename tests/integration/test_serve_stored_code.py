@@ -23,13 +23,13 @@ pytestmark = pytest.mark.e2e  # serves through make: make test-e2e
 LABELS = ["Mass", "Nodule"]
 
 
-def _register_tiny_champion(uri: str, folder: Path) -> None:
+def _register_tiny_champion(uri: str, folder: Path, monkeypatch) -> None:
     """A finished run holding a tiny network, registered as make register does (models-from-code pyfunc)."""
     torch.manual_seed(0)
     model_cfg = {"backbone": "resnet10t", "pretrained": False, "lr": 1e-3, "weight_decay": 0.0}
     network = build_model(model_cfg, {"_target_": "training.losses.bce.BCELoss"}, LABELS).eval()
     scorer = Scorer(FinishedModel(network, LABELS, image_size=32, resize="stretch", thresholds=None, run_id="r"))
-    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # not set_tracking_uri: a global that outlives the test
     experiment = mlflow.create_experiment("task1", artifact_location=(folder / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment):
         mlflow.pyfunc.log_model(name="model", python_model=str(PYFUNC_CODE), pip_requirements=[],
@@ -55,8 +55,8 @@ def _request(image: np.ndarray) -> bytes:
     return json.dumps({"dataframe_split": {"columns": ["image_b64"], "data": [[png]]}}).encode()
 
 
-def test_make_serve_runs_no_stored_code_refuses_an_oversize_request_and_keeps_answering(tmp_path, run_env):
-    _register_tiny_champion(run_env["MLFLOW_TRACKING_URI"], tmp_path)
+def test_make_serve_runs_no_stored_code_refuses_an_oversize_request_and_keeps_answering(tmp_path, run_env, monkeypatch):
+    _register_tiny_champion(run_env["MLFLOW_TRACKING_URI"], tmp_path, monkeypatch)
     (stored,) = (tmp_path / "artifacts").rglob("pyfunc_model.py")  # the registered model's code, as stored
     marker = tmp_path / "stored_code_ran"
     stored.write_text(f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n" + stored.read_text())

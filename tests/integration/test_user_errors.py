@@ -37,7 +37,7 @@ def assert_reported(done: subprocess.CompletedProcess, *expected: str) -> None:
     [
         (["data.image_size=abc"], ["data.image_size=abc: expected an integer (the config's value is 128), got 'abc'"]),
         (["loss.gamma_neg=4"], ["loss=bce has no setting 'gamma_neg'; it is a setting of loss=asl"]),
-        (["loss=nope"], ["Could not find 'loss/nope'", "Available options in 'loss'"]),
+        (["loss=nope"], ["loss=nope: no loss called 'nope' (configs/loss/)", "choices: asl, bce"]),
     ],
 )
 def test_train_refuses_bad_overrides_without_a_traceback(tmp_path, run_env, overrides, expected):
