@@ -260,7 +260,8 @@ def test_bertscore_computed_from_a_local_folder(empty_hf):
     assert "bertscore" not in scores.not_computed
     assert scores.bertscore_folder == folder and scores.bertscore_layer == 6
     bert = scores.per_caption["bertscore"]
-    reference = BERTScorer(model_type=folder, num_layers=6, lang="en", idf=True,
+    # nthreads=0: bert-score's idf otherwise forks a Pool from this multi-threaded test process, which can hang.
+    reference = BERTScorer(model_type=folder, num_layers=6, lang="en", idf=True, nthreads=0,
                            idf_sents=[preprocess(r) for r in refs.values()], device="cpu")  # fmt: skip
     for k, key in enumerate(["same", "other"]):
         _, _, f1 = reference.score([preprocess(run[key])], [preprocess(refs[key])])
