@@ -17,7 +17,7 @@ TRACKING_URI = $(PY) -m training.tracking.uri
 ifndef V
 .SILENT:
 endif
-.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble benchmark benchmarks-extra card dicom-balance ui server test test-e2e test-realdata test-presets test-slow test-server lint format bench bench-scale clean
+.PHONY: help setup prepare data-check train crt compare evaluate score tune optuna-dashboard register serve submit ensemble pseudo-label benchmark benchmarks-extra card dicom-balance ui server test test-e2e test-realdata test-presets test-slow test-server lint format bench bench-scale clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -103,6 +103,11 @@ submit: setup ## Validated upload zip (the CSV in the organisers' format + code/
 ensemble: setup ## Weights fitted on validation for several finished runs, logged as a run: make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]; then make submit MODEL=ensemble:<run id>
 	@test -n "$(strip $(MODELS))" || { echo 'usage: make ensemble TASK=task1 MODELS="<run id|models:/...> <...>" [WEIGHTS=per_model|per_class|mean]'; exit 2; }
 	$(PY) -m apps.ensemble_cli --task $(TASK) $(foreach m,$(MODELS),--model '$(m)') $(if $(WEIGHTS),--weighting '$(WEIGHTS)') $(ARGS)
+
+pseudo-label: setup ## A finished run fills another manifest's empty cells: make pseudo-label MODEL=<run id|models:/...> MANIFEST=m.csv ROOT=<image dir> OUT=new.csv [THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train val"]; then make train ARGS="data=pseudo_labelled data.source.manifest=new.csv"
+	@test -n "$(MODEL)" -a -n "$(MANIFEST)" -a -n "$(OUT)" || { echo 'usage: make pseudo-label MODEL=<run id|models:/...> MANIFEST=<manifest> ROOT=<image dir> OUT=<new manifest> [THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train"]'; exit 2; }
+	$(PY) -m apps.pseudo_label --model '$(MODEL)' --manifest '$(MANIFEST)' --out '$(OUT)' $(if $(ROOT),--root '$(ROOT)') \
+		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS)) $(if $(MARGIN),--margin $(MARGIN)) $(if $(strip $(SPLITS)),--splits $(SPLITS)) $(ARGS)
 
 NAME ?=
 VERSION ?=

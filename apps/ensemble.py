@@ -42,8 +42,9 @@ from evaluation.predictions import PredictionsError, read_predictions
 from evaluation.suite import compute_suite
 from training.config_files import config_file
 from training.errors import UserError
-from training.run_lookup import ModelNotFound, resolve_run
+from training.run_lookup import ModelNotFound, resolve_run, split_checkpoint
 from training.runs import read_config
+from training.top_checkpoints import INDEX, kept_ranks, predictions_artifact
 from training.tracking.artifacts import download
 from training.tracking.tracked_run import TrackedRun, ensure_experiment
 
@@ -52,6 +53,8 @@ KIND_TAG = ("cxrlt.kind", "ensemble")
 FORMAT = 1
 #: A member must be a run of this store, named by its id (hex), never by a path or URI from the file.
 RUN_ID = re.compile(r"^[0-9a-zA-Z_-]{1,64}$")
+#: A member as stored: a run id, or a run id and one of its kept checkpoints (``<run id>:rank<n>``, n >= 2).
+MEMBER = re.compile(r"^[0-9a-zA-Z_-]{1,64}(?::rank(?:[2-9]|[1-9]\d{1,3}))?$")
 #: How far a stored weight column may be from summing to one (float round trip through JSON).
 SUM_TOLERANCE = 1e-6
 CONFIGS = config_file("ensemble")
@@ -298,8 +301,8 @@ def parse_weights(document: object, run_id: str) -> StoredEnsemble:
     if document.get("format") != FORMAT:
         raise EnsembleError(f"{where}: format {document.get('format')!r} is not {FORMAT}")
     members, labels, weights = document.get("members"), document.get("labels"), document.get("weights")
-    if not isinstance(members, list) or not members or not all(isinstance(m, str) and RUN_ID.match(m) for m in members):
-        raise EnsembleError(f"{where}: 'members' must be a non-empty list of run ids")
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) and MEMBER.match(m) for m in members):
+        raise EnsembleError(f"{where}: 'members' must be a non-empty list of run ids (or <run id>:rank<n>)")
     if len(set(members)) != len(members):
         raise EnsembleError(f"{where}: a member is listed twice")
     if not isinstance(labels, list) or not labels or not all(isinstance(name, str) for name in labels):
@@ -365,13 +368,54 @@ def member_labels(client: MlflowClient, run_id: str, task: str, folder: str) -> 
     return [str(name) for name in cfg.task.labels]
 
 
-def read_members(client: MlflowClient, run_ids: Sequence[str], task: str
+def member_name(run_id: str, rank: int) -> str:
+    """How a member is stored: the run id for a run's best checkpoint, ``<run id>:rank<n>`` for another it kept."""
+    return run_id if rank == 1 else f"{run_id}:rank{rank}"
+
+
+def kept_count(client: MlflowClient, run_id: str, folder: str) -> int:
+    """How many checkpoints run ``run_id`` kept: its checked ``checkpoints/top/index.json``, 1 without one."""
+    try:
+        path = download(client, run_id, INDEX, folder)
+    except (MlflowException, OSError):
+        return 1
+    try:
+        document = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise EnsembleError(f"run {run_id} {INDEX} is not JSON: {error}") from None
+    return kept_ranks(document, f"run {run_id} {INDEX}")
+
+
+def expand_members(client: MlflowClient, references: Sequence[str]) -> list[str]:
+    """The stored member names of the references, ``<run id>:top<k>`` standing for the run's ``k`` best checkpoints
+    (weighted checkpoint ensembling) and ``<run id>:rank<n>`` for one of them."""
+    members: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for reference in references:
+            try:
+                bare, rank, top = split_checkpoint(reference)
+                run_id = resolve_run(bare, client)[0]
+            except ValueError as error:  # a malformed models:/ or checkpoint reference
+                raise EnsembleError(str(error)) from None
+            if top is None:
+                members.append(member_name(run_id, rank))
+                continue
+            kept = kept_count(client, run_id, tmp)
+            if top > kept:
+                raise EnsembleError(f"{reference}: run {run_id} kept {kept} checkpoint(s), not {top} (train with "
+                                    f"checkpoint.save_top_k={top} to keep more)")  # fmt: skip
+            members += [member_name(run_id, r) for r in range(1, top + 1)]
+    return members
+
+
+def read_members(client: MlflowClient, members: Sequence[str], task: str
                  ) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]]]:  # fmt: skip
     """The shared labels and, per split, the aligned ``(K, N, C)`` probabilities and ``(N, C)`` targets."""
     per_split: dict[str, list[SplitPredictions]] = {split: [] for split in SPLITS}
     labels: list[str] | None = None
     with tempfile.TemporaryDirectory() as tmp:
-        for index, run_id in enumerate(run_ids):
+        for index, member in enumerate(members):
+            run_id, rank = split_checkpoint(member)[:2]
             folder = Path(tmp) / str(index)
             folder.mkdir()
             try:
@@ -381,15 +425,17 @@ def read_members(client: MlflowClient, run_ids: Sequence[str], task: str
             if labels is None:
                 labels = own
             elif own != labels:
-                raise EnsembleError(f"run {run_id} predicts other labels than run {run_ids[0]}: "
+                raise EnsembleError(f"run {member} predicts other labels than run {members[0]}: "
                                     f"{sorted(set(own) ^ set(labels))[:5]} differ (or their order)")  # fmt: skip
             for split in SPLITS:
+                artifact = predictions_artifact(rank, split)
                 try:
-                    path = download(client, run_id, f"predictions/{split}.csv", str(folder))
+                    path = download(client, run_id, artifact, str(folder))
                 except (MlflowException, OSError):
-                    raise EnsembleError(f"run {run_id} has no predictions/{split}.csv to fit or check weights on; "
-                                        f"make evaluate RUN={run_id} writes it") from None  # fmt: skip
-                per_split[split].append(read_split(path, run_id, labels, split))
+                    remedy = f"make evaluate RUN={run_id} writes it" if rank == 1 else "its training writes it"
+                    raise EnsembleError(f"run {run_id} has no {artifact} to fit or check weights on; "
+                                        f"{remedy}") from None  # fmt: skip
+                per_split[split].append(read_split(path, member, labels, split))
     return labels, {split: align(members, split) for split, members in per_split.items()}
 
 
@@ -402,12 +448,11 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
                  experiment: str | None = None) -> tuple[str, dict[str, float], StoredEnsemble]:  # fmt: skip
     """Fit, score and log one ensemble of two or more members (checked by the command line); returns ``(run id,
     metrics, stored weights)``."""
-    try:
-        run_ids = [resolve_run(reference, client)[0] for reference in references]
-    except ValueError as error:  # a malformed models:/ reference
-        raise EnsembleError(str(error)) from None
+    run_ids = expand_members(client, references)  # members: run ids, or <run id>:rank<n> for a kept checkpoint
     if len(set(run_ids)) != len(run_ids):
-        raise EnsembleError(f"a member is named twice (run ids {run_ids}); each run can weigh only once")
+        raise EnsembleError(f"a member is named twice (members {run_ids}); each checkpoint can weigh only once")
+    if len(run_ids) < 2:
+        raise EnsembleError(f"an ensemble needs at least two members, {references} name {len(run_ids)}")
     labels, splits = read_members(client, run_ids, task)
     val_probs, val_targets = splits["val"]
     weights = build_weighting(weighting).fit(val_probs, val_targets)
@@ -436,8 +481,8 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
 
 def table(metrics: dict[str, float], stored: StoredEnsemble) -> str:
     """mAP of each member, the mean and the tuned weights on both splits, with each member's mean weight."""
-    rows = [(f"member {k} {run_id[:12]}", f"{stored.weights[k].mean():.3f}", f"member{k}")
-            for k, run_id in enumerate(stored.members)]  # fmt: skip
+    rows = [(f"member {k} {run_id[:12]}{run_id[run_id.find(':'):] if ':' in run_id else ''}",
+             f"{stored.weights[k].mean():.3f}", f"member{k}") for k, run_id in enumerate(stored.members)]  # fmt: skip
     rows += [("plain mean", "", "mean"), (f"tuned ({stored.weighting})", "", "tuned")]
     lines = [f"{'':28} {'weight':>7} {'val mAP':>8} {'test mAP':>8}"]
     for name, weight, key in rows:

@@ -1,6 +1,7 @@
 """``make ensemble``: fit ensemble weights on the members' validation predictions and log them as an MLflow run.
 
-``make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]`` reads each member's
+``make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]`` (a reference may be
+``<run id>:top<k>``, the run's ``k`` best kept checkpoints, or ``<run id>:rank<n>``, one of them) reads each member's
 stored ``predictions/val.csv`` and ``predictions/test.csv`` (no image is predicted again), fits the weighting of
 ``configs/ensemble/<WEIGHTS>.yaml`` on validation (:mod:`apps.ensemble`), and logs a finished run tagged
 ``cxrlt.kind=ensemble`` in the task's experiment: the members and weighting as params, ``ensemble/weights.json``,
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 
 from training.config_files import option_names
 from training.errors import UserError, user_errors
+from training.run_lookup import split_checkpoint  # no MLflow or torch behind it
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +32,26 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Refuse what no store lookup can fix, in one line naming the argument.
 
     Raises:
-        UserError: an unknown ``--weighting`` or fewer than two distinct ``--model`` references.
+        UserError: an unknown ``--weighting``, a malformed checkpoint reference, or fewer than two members.
     """
     if args.weighting not in option_names("ensemble"):
         raise UserError(
             f"no weighting {args.weighting!r}; choose one of {option_names('ensemble')} (configs/ensemble/)"
         )
-    if len(args.model) < 2:
-        raise UserError(f"an ensemble needs at least two members (--model), got {len(args.model)}")
+    members = sum(split_checkpoint(reference)[2] or 1 for reference in args.model)  # <run id>:top<k> is k members
+    if members < 2:
+        raise UserError(f"an ensemble needs at least two members (--model, or one <run id>:top<k>), got {members}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="task1")
-    parser.add_argument("--model", action="append", default=[], help="repeatable: run id or models:/ reference")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="repeatable: run id, models:/ reference, <run id>:rank<n> (a kept checkpoint) or <run id>:top<k>",
+    )
     parser.add_argument(
         "--weighting", default="per_model", help=f"one of {option_names('ensemble')} (configs/ensemble)"
     )

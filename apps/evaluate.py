@@ -1,11 +1,15 @@
 """Entry point of ``make evaluate RUN=<run id>``: re-run the test phase of a finished run, into that run.
 
+``RUN=<run id>:rank<n>`` evaluates the ``n``-th best checkpoint the run kept (``checkpoint.save_top_k``) into a
+new run nested under it instead, so the training run keeps the numbers of the checkpoint it selected.
+
 The run is looked up in the tracking store before the model stack (torch, Lightning, the data pipeline) is
 imported: a mistyped or unfinished run is refused in the seconds the store takes to answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -14,13 +18,16 @@ from omegaconf import DictConfig
 
 from training.config_files import CONFIGS
 from training.errors import hydra_user_errors, run_hydra_entry
-from training.run_lookup import existing_store_client, finished_run
+from training.run_lookup import existing_store_client, finished_run, split_checkpoint
 from training.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 log = logging.getLogger(__name__)
+
+#: On the run a kept checkpoint other than the best is evaluated into: which checkpoint (``<run id>:rank<n>``).
+CHECKPOINT_TAG = "cxrlt.checkpoint"
 
 
 def evaluate_run(
@@ -47,9 +54,19 @@ def evaluate_run(
     datamodule.prepare_data()
     datamodule.setup("test")
     model = finished.network.cuda() if torch.cuda.is_available() else finished.network
-    sink = TrackedRun(client, finished.run_id)  # the training process is long gone: write through a client
-    evaluation, unseen = run_test_phase(model, datamodule, cfg, sink)
-    sink.set_tags({"cxrlt.evaluation": OmegaConf.to_yaml(cfg.evaluation, resolve=True)[:5000]})
+    rank = split_checkpoint(run_id)[1]
+    # The training process is long gone: write through a client. Another kept checkpoint than the best gets a run
+    # of its own, nested under the training's, whose test metrics stay those of the checkpoint it selected.
+    with contextlib.ExitStack() as stack:
+        if rank == 1:
+            sink = TrackedRun(client, finished.run_id)
+        else:
+            experiment = client.get_run(finished.run_id).info.experiment_id
+            tags = {"mlflow.parentRunId": finished.run_id, CHECKPOINT_TAG: f"{finished.run_id}:rank{rank}"}
+            sink = stack.enter_context(TrackedRun.start(client, experiment, f"rank{rank}-evaluation", tags))
+            log.info("checkpoint rank %d of run %s: evaluated into nested run %s", rank, finished.run_id, sink.run_id)
+        evaluation, unseen = run_test_phase(model, datamodule, cfg, sink)
+        sink.set_tags({"cxrlt.evaluation": OmegaConf.to_yaml(cfg.evaluation, resolve=True)[:5000]})
     return {**evaluation.metrics, **(unseen.metrics if unseen else {})}
 
 

@@ -18,6 +18,8 @@ from evaluation.evaluate import Evaluation, evaluate, store
 from evaluation.headline import headline_of
 from evaluation.heldout import ARTIFACT, attach, evaluate_heldout, tags, write_record
 from evaluation.report import interval_notes
+from evaluation.tau_norm import ARTIFACT as TAU_NORM_ARTIFACT
+from evaluation.tau_norm import normalise_classifier
 from evaluation.temperature import ARTIFACT as TEMPERATURE_ARTIFACT
 from evaluation.temperature import calibrate
 from evaluation.unseen import UnseenReport, compute_unseen, store_unseen
@@ -52,10 +54,14 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
     Returns:
         The evaluation and the unseen-class report (None unless the model is zero-shot).
     """
-    # First, so every prediction below (test, TTA, perturbed, held-out, predictions/*.csv) is of the scaled model.
+    # First, so every prediction below (test, TTA, perturbed, held-out, predictions/*.csv) is of the normalised
+    # classifier (postprocess=tau_norm), then of the scaled model; the temperature is fitted on the normalised head.
+    tau_norm = normalise_classifier(model, datamodule, cfg.get("postprocess"))
     temperature = calibrate(model, datamodule, cfg.get("calibration"))
     unscaled = temperature is not None and not temperature.applied  # then the fit's validation pass is this model's
     evaluation = evaluate(model, datamodule, cfg, val_logits=temperature.val_logits if unscaled else None)
+    if tau_norm is not None:
+        evaluation.metrics.update(tau_norm.logged())
     if temperature is not None:
         temperature.add_test(datamodule.datasets["test"].targets.numpy(), evaluation.sets["test"].probs)
         evaluation.metrics.update(temperature.logged())
@@ -76,6 +82,8 @@ def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, U
         if heldout is not None:
             sink.log_artifact(write_record(heldout.draw, Path(tmp) / ARTIFACT), str(Path(ARTIFACT).parent))
             sink.set_tags(tags(heldout.draw))
+        if tau_norm is not None:
+            sink.log_artifact(tau_norm.write(Path(tmp) / TAU_NORM_ARTIFACT), str(Path(TAU_NORM_ARTIFACT).parent))
         if temperature is not None:
             record = temperature.write(Path(tmp) / TEMPERATURE_ARTIFACT)
             sink.log_artifact(record, str(Path(TEMPERATURE_ARTIFACT).parent))

@@ -94,6 +94,28 @@ class Shift(View):
 
 
 @dataclass(frozen=True)
+class Rotate(View):
+    """Rotate content by ``degrees`` about the centre (positive: counter-clockwise as displayed), black outside."""
+
+    degrees: float
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        height, width = images.shape[-2:]
+        angle = torch.deg2rad(torch.tensor(float(self.degrees), dtype=torch.float64))
+        cos, sin = float(torch.cos(angle)), float(torch.sin(angle))
+        # Output pixel (x, y) shows the input at the inverse rotation; normalised units differ per axis when the
+        # image is not square, so the off-diagonal terms carry the aspect ratio.
+        theta = torch.tensor(
+            [[cos, -sin * height / width, 0.0], [sin * width / height, cos, 0.0]],
+            dtype=images.dtype,
+            device=images.device,
+        ).expand(images.shape[0], 2, 3)  # (B, 2, 3)
+        grid = F.affine_grid(theta, list(images.shape), align_corners=False)  # (B, H, W, 2)
+        rotated = F.grid_sample(images - BLACK, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        return rotated + BLACK  # (B, 1, H, W)
+
+
+@dataclass(frozen=True)
 class Crop(View):
     """A crop of ``size`` (fraction of each side) resized back to full size.
 
@@ -154,6 +176,11 @@ def shift_views(fraction: float = 0.05, offsets: Sequence[Sequence[float]] | Non
     return [Shift(*_floats(offset)) for offset in offsets]
 
 
+def rotate_views(degrees: float | Sequence[float] = (-5.0, 5.0)) -> list[View]:
+    """One rotation per angle; the default pair turns both ways by a few degrees, as a patient's tilt would."""
+    return [Rotate(d) for d in _floats(degrees)]
+
+
 MULTICROP_ANCHORS = {"top_left": (0.0, 0.0), "top_right": (0.0, 1.0), "bottom_left": (1.0, 0.0),
                      "bottom_right": (1.0, 1.0), "centre": (0.5, 0.5)}  # fmt: skip
 
@@ -177,6 +204,7 @@ VIEW_FACTORIES: dict[str, Callable[..., list[View]]] = {
     "hflip": hflip_views,
     "scale": scale_views,
     "shift": shift_views,
+    "rotate": rotate_views,
     "multicrop": multicrop_views,
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -22,9 +23,11 @@ from training.data.datamodule import CXRDataModule
 from training.data.images import MAX_PIXELS
 from training.data.sources import task_labels
 from training.distributed import forget_shared, process_of, share_from_rank_zero
+from training.errors import UserError
 from training.interrupts import PROCESS_TAG, RESUME_TAG, Interrupted, this_process
 from training.models.factory import model_from_config
 from training.models.module import MultiLabelClassifier
+from training.top_checkpoints import Kept, kept_checkpoints, rank_predictions, upload_kept
 from training.tracking.redaction import redact_tags
 from training.tracking.run_context import record_context, start_system_metrics
 from training.tracking.session import TrackingSession, open_session, tracking_uri
@@ -71,24 +74,33 @@ def build_datamodule(cfg: DictConfig) -> CXRDataModule:
 
 
 def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint, ModelCheckpoint]:
-    """``best.ckpt`` (the monitored best: what is tested and logged) and ``last.ckpt`` (what ``resume=true`` reads).
+    """The kept checkpoints (the ``checkpoint.save_top_k`` best by the monitored metric: the best is what is tested,
+    all are logged, :mod:`training.top_checkpoints`) and ``last.ckpt`` (what ``resume=true`` reads).
 
-    ``last.ckpt`` is written every epoch by a second, unmonitored callback: since Lightning 2.6 a monitored
-    callback's ``save_last`` rewrites it only in epochs whose metric improved, so a killed run would redo every
-    epoch since its last improvement. Listed after the best one, it holds that one's state too.
+    ``last.ckpt`` is written at the end of every epoch by a second, unmonitored callback: since Lightning 2.6 a
+    monitored callback's ``save_last`` rewrites it only in epochs whose metric improved, so a killed run would redo
+    every epoch since its last improvement. Listed after the kept one, it holds that one's state too. It stays an
+    end-of-epoch checkpoint with several validations per epoch (``trainer.val_check_interval``), so a resume
+    starts an epoch from its beginning; the kept checkpoints are written after each validation instead
+    (Lightning's choice for ``save_on_train_epoch_end=None``), so a mid-epoch validation can be among them.
 
     ``checkpoint.keep_last`` makes ``best.ckpt`` the final epoch instead: on a validation split of a few dozen images
     the monitored maximum is mostly noise, and a weight average (EMA) at the end of a long schedule is the steadier
     network to keep (docs/recipes.md, "Training from scratch on small real sets").
     """
     keep_last = cfg.checkpoint.get("keep_last", False)
+    top_k = int(cfg.checkpoint.get("save_top_k", 1))
+    if top_k < 1 or (keep_last and top_k != 1):
+        raise UserError(f"checkpoint.save_top_k={top_k}: must be 1 or more, and 1 with checkpoint.keep_last=true "
+                        "(the final epoch is one checkpoint)")  # fmt: skip
     # Lightning keys a checkpoint callback's saved state by its monitor and mode, not its file name; two unmonitored
     # callbacks with one mode would collide, so the kept-last one says "max" (unused without a monitor) and
     # ``latest`` keeps the default "min".
     best = ModelCheckpoint(
-        filename="best", monitor=None if keep_last else cfg.checkpoint.monitor,
-        mode="max" if keep_last else cfg.checkpoint.mode, save_top_k=1,
-        enable_version_counter=False, save_on_train_epoch_end=True,
+        filename="best" if top_k == 1 else "top-e{epoch}-s{step}", auto_insert_metric_name=False,
+        monitor=None if keep_last else cfg.checkpoint.monitor,
+        mode="max" if keep_last else cfg.checkpoint.mode, save_top_k=top_k,
+        enable_version_counter=False, save_on_train_epoch_end=None,
     )  # fmt: skip
     latest = ModelCheckpoint(filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True)
     return best, latest
@@ -98,6 +110,20 @@ def config_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """The Lightning callbacks the config names under ``callbacks.<key>`` (``ema=ema`` adds one); null entries skipped."""
     nodes = cfg.get("callbacks") or {}
     return [build_component(node) for node in nodes.values() if node]
+
+
+def one_validation_per_epoch(val_check_interval) -> bool:
+    """Whether validation runs once per epoch (Lightning's default ``1.0``); a float below 1 runs it several times an
+    epoch and an int every that many batches. Then the run's metrics are logged against the optimizer step, not
+    the epoch, or the validations of one epoch would share a step and a resumed run could not tell them apart."""
+    return isinstance(val_check_interval, float) and val_check_interval == 1.0
+
+
+def effective_batch_size(batch_size: int, accumulate_grad_batches: int, world_size: int) -> int:
+    """Images behind one optimizer step: the per-process batch, times the batches whose gradients are accumulated
+    (``trainer.accumulate_grad_batches``), times the processes (``trainer.devices`` x nodes under DDP). It is what a
+    learning rate was tuned for, so a run changing any one factor can be compared with the recipe it follows."""
+    return int(batch_size) * int(accumulate_grad_batches) * int(world_size)
 
 
 def error_status(error: BaseException) -> str:
@@ -172,12 +198,16 @@ def run_training(
         return run["run_id"]
     (session,) = sessions
     trainer.logger = session.logger
+    if not one_validation_per_epoch(trainer.val_check_interval):
+        session.logger.step_of = lambda: trainer.global_step
     monitor = None
     command = resume_command(session.run_id) if resume_command else None
     try:
         session.set_tags(redact_tags({PROCESS_TAG: this_process(), **({RESUME_TAG: command} if command else {})}))
         if session.resume_from is None:  # a resumed run has its datasets and description already
             record_context(session.client, session.run_id, cfg, datamodule)
+            session.logger.log_hyperparams({"effective_batch_size": effective_batch_size(
+                cfg.data.batch_size, trainer.accumulate_grad_batches, trainer.world_size)})  # fmt: skip
         monitor = start_system_metrics(session.run_id, session.uri, cfg, resumed=session.resume_from is not None)
         model = _fit(cfg, trainer, datamodule, stage, session.client, run["resume_from"])
         _test(cfg, model, datamodule, session, checkpoint)
@@ -236,11 +266,27 @@ def _test(
     best_score = {f"{cfg.checkpoint.monitor}_best": float(score)} if score is not None else {}
     session.log_metrics({"best_epoch": state["epoch"], **best_score})
     evaluation, unseen = run_test_phase(model, datamodule, cfg, session)  # zero-shot tasks: test_unseen/... too
-    if "logit_temperature" in state["state_dict"]:  # fitted by the test phase: the stored weights must carry it
-        state["state_dict"]["logit_temperature"] = model.logit_temperature.detach().cpu().clone()
+    if "logit_temperature" in state["state_dict"]:  # what the test phase fitted (temperature, a tau-normalised head)
+        fitted = model.state_dict()  # the stored weights must carry it
+        state["state_dict"].update({k: v.detach().cpu().clone() for k, v in fitted.items() if k in state["state_dict"]})
         AtomicCheckpointIO().save_checkpoint(state, best)
-    session.log_artifact(best, "checkpoints")
+    kept = _kept(cfg, checkpoint, best, state, score)
+    upload_kept(session, kept)
+    if len(kept) > 1:  # what `make ensemble` weighs the ranks by; the model is left with the last rank's weights
+        with tempfile.TemporaryDirectory() as tmp:
+            rank_predictions(model, datamodule, kept, Path(tmp))
+            session.log_artifacts(Path(tmp) / "predictions", "predictions")
     lines = summary_lines(evaluation.metrics, unseen.metrics if unseen else None, headline_of(cfg.task))
     lines += terminal_lines(evaluation.conventions, {**evaluation.metrics, **(unseen.metrics if unseen else {})})
     lines.append(f"report: {session.artifact_uri}/evaluation/report.html")
     log.info("run %s, best epoch %d:\n  %s", session.run_id, state["epoch"], "\n  ".join(lines))
+
+
+def _kept(cfg: DictConfig, checkpoint: ModelCheckpoint, best: Path, state: dict, score) -> list[Kept]:
+    """The checkpoints the run keeps, best first; the best is the one tested (``best_model_path``) whatever the
+    order of equal scores."""
+    monitor = str(cfg.checkpoint.monitor)
+    if checkpoint.monitor is None or len(checkpoint.best_k_models) <= 1:
+        value = float(score) if score is not None else float("nan")
+        return [Kept(str(best), 1, int(state["epoch"]), int(state["global_step"]), monitor, value)]
+    return kept_checkpoints(checkpoint.best_k_models, cfg.checkpoint.mode, monitor, first=str(best))

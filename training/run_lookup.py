@@ -5,7 +5,9 @@ checks it first, so a mistyped id is refused in the seconds the tracking store t
 and Lightning were imported (:mod:`training.runs` rebuilds the network afterwards). References are
 
 - ``<run id>`` (also ``run:<id>`` or ``runs:/<id>[/...]``): a finished run of this platform;
-- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run.
+- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run;
+- ``<run id>:rank<n>``: the ``n``-th best checkpoint a run kept (``checkpoint.save_top_k``; ``rank1`` is the run
+  itself), and, for ``make ensemble`` only, ``<run id>:top<k>``: its ``k`` best as ``k`` members.
 """
 
 from __future__ import annotations
@@ -32,9 +34,40 @@ class RunNotFinished(UserError, ValueError):
     """The run is still running, failed or was killed: it has no tested best checkpoint to load."""
 
 
-def parse_reference(reference: str) -> tuple[str, str | None]:
-    """``(kind, value)``: ``("registered", uri)`` for ``models:/...``, else ``("run", run id)``."""
+#: ``<run>:rank<n>`` or ``<run>:top<k>``: one kept checkpoint of a run, or its k best (run ids hold no colon).
+CHECKPOINT_SUFFIX = re.compile(r"^(?P<run>[^:]+):(?:rank(?P<rank>\d{1,4})|top(?P<top>\d{1,4}))$")
+
+
+class BadReference(UserError, ValueError):
+    """A model reference that names no run, version or checkpoint in any store (a typo in its form)."""
+
+
+def split_checkpoint(reference: str) -> tuple[str, int, int | None]:
+    """``(reference without its suffix, rank, top)``: rank 1 and top None without a ``:rank<n>`` / ``:top<k>``
+    suffix, ``top=k`` for ``:top<k>``; ``models:/`` and ``runs:/`` references are returned whole.
+
+    Raises:
+        BadReference: a colon after the run id that is not ``:rank<n>`` or ``:top<k>`` with a number of 1 or more.
+    """
     reference = reference.strip()
+    bare = reference.removeprefix("run:")
+    if reference.startswith(("models:/", "runs:/")) or ":" not in bare:
+        return reference, 1, None
+    match = CHECKPOINT_SUFFIX.match(bare)
+    number = int(match["rank"] or match["top"]) if match else 0
+    if number < 1:
+        raise BadReference(f"{reference!r}: expected <run id>, <run id>:rank<n> (the n-th best kept checkpoint) or "
+                           "<run id>:top<k> (its k best), n and k from 1")  # fmt: skip
+    return match["run"], (number if match["rank"] else 1), (number if match["top"] else None)
+
+
+def parse_reference(reference: str) -> tuple[str, str | None]:
+    """``(kind, value)``: ``("registered", uri)`` for ``models:/...``, else ``("run", run id)`` (a ``:rank<n>``
+    suffix names a checkpoint of that run, :func:`split_checkpoint`)."""
+    reference, _, top = split_checkpoint(reference)
+    if top is not None:
+        raise BadReference(f"{reference}:top{top} names {top} checkpoints; only make ensemble takes several (one "
+                           "is <run id>:rank<n>)")  # fmt: skip
     if reference.startswith("models:/"):
         if not MODEL_URI.match(reference):
             raise ValueError(f"{reference!r}: expected models:/<name>@<alias> or models:/<name>/<version>")

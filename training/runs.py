@@ -7,7 +7,9 @@ the per-class thresholds chosen on its validation predictions, and its resolved 
 of them rebuilt that on its own, and they drifted. A model is named as
 
 - ``<run id>`` (also ``run:<id>`` or ``runs:/<id>[/...]``): a finished run of this platform;
-- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run.
+- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run;
+- ``<run id>:rank<n>``: the ``n``-th best checkpoint the run kept (``checkpoint.save_top_k``,
+  :mod:`training.top_checkpoints`); ``rank1`` is the run's own ``best.ckpt``.
 
 Everything read back from a run is untrusted: the checkpoint is loaded with ``weights_only=True`` (data, never
 code), and the stored ``config.yaml`` (or a registered model's ``spec.json``) may only name what the project's
@@ -44,7 +46,9 @@ from training.run_lookup import (  # re-exported: resolved without torch, so a c
     finished_run,
     parse_reference,  # noqa: F401
     resolve_run,  # noqa: F401
+    split_checkpoint,
 )
+from training.top_checkpoints import checkpoint_artifact, predictions_artifact
 from training.tracking.artifacts import download
 from training.tracking.redaction import redact
 from training.tracking.uri import tracking_client
@@ -160,19 +164,22 @@ def load_finished(reference: str, client: MlflowClient | None = None) -> Finishe
     client = client or tracking_client()
     run, version = finished_run(reference, client)
     run_id = run.info.run_id
+    rank = split_checkpoint(reference)[1]
+    artifact = checkpoint_artifact(rank)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg = read_config(client, run_id, tmp)
-            checkpoint = Path(download(client, run_id, CHECKPOINT, tmp))
+            checkpoint = Path(download(client, run_id, artifact, tmp))
         except (MlflowException, OSError) as error:
+            kept = " (a run keeps checkpoint.save_top_k checkpoints; checkpoints/top/index.json lists them)"
             raise ModelNotFound(
-                f"run {run_id} has no {CONFIG} / {CHECKPOINT} artifact (only finished platform training runs can "
-                f"be loaded): {error}"
+                f"run {run_id} has no {CONFIG} / {artifact} artifact (only finished platform training runs can "
+                f"be loaded{kept if rank > 1 else ''}): {error}"
             ) from error
         sha256 = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
-        state = load_weights_only(checkpoint, f"run {run_id} {CHECKPOINT}")
+        state = load_weights_only(checkpoint, f"run {run_id} {artifact}")
         labels = list(cfg.task.labels)
-        thresholds = validation_thresholds(client, run_id, labels, tmp)
+        thresholds = validation_thresholds(client, run_id, labels, tmp, predictions_artifact(rank, "val"))
     adapter = OmegaConf.to_container(cfg.adapter, resolve=True) if cfg.get("adapter") else None
     adapter = adapter if adapter and adapter.get("_target_") else None
     unseen = list(cfg.task.get("unseen") or []) if adapter else []
@@ -190,10 +197,12 @@ def read_config(client: MlflowClient, run_id: str, folder: str) -> DictConfig:
     return cfg
 
 
-def validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], folder: str) -> list[float] | None:
-    """Per-class F1-maximising thresholds from the run's ``predictions/val.csv``, or None when it has none."""
+def validation_thresholds(client: MlflowClient, run_id: str, labels: list[str], folder: str,
+                          predictions: str = VAL_PREDICTIONS) -> list[float] | None:  # fmt: skip
+    """Per-class F1-maximising thresholds from the run's ``predictions/val.csv`` (or a kept checkpoint's
+    ``predictions``), or None when it has none."""
     try:
-        frame = pd.read_csv(download(client, run_id, VAL_PREDICTIONS, folder), dtype={"image_id": str})
+        frame = pd.read_csv(download(client, run_id, predictions, folder), dtype={"image_id": str})
     except (MlflowException, OSError, ValueError):  # an older or partial run simply has no thresholds to carry
         return None
     if not all(name in frame and f"true/{name}" in frame for name in labels):

@@ -15,7 +15,11 @@ from training.pipeline import build_datamodule
 
 CONFIGS = PROJECT_ROOT / "configs"
 #: What each data config needs besides the preset to be composed and built (no data is read).
-REQUIRED = {"manifest": ["data.source.manifest=m.csv"], "synthetic": []}
+REQUIRED = {
+    "manifest": ["data.source.manifest=m.csv"],
+    "pseudo_labelled": ["data.source.manifest=m.csv"],
+    "synthetic": [],
+}
 
 
 def smoke_config(data: str, *overrides: str):

@@ -100,7 +100,7 @@ def test_ten_crop_boxes_on_a_six_by_six_image():
 
 
 def test_registries_and_unknown_names():
-    assert set(VIEW_FACTORIES) == {"identity", "hflip", "scale", "shift", "multicrop"}
+    assert set(VIEW_FACTORIES) == {"identity", "hflip", "scale", "shift", "rotate", "multicrop"}
     assert set(MERGES) == {"mean", "max", "geometric_mean", "logit_mean"}
     with pytest.raises(KeyError, match="unknown TTA view"):
         build_views(["vflip"])

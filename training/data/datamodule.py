@@ -19,6 +19,7 @@ from training.data.images import MAX_PIXELS
 from training.data.manifest import Manifest, load_manifest
 from training.data.normal_label import NORMAL, mask_unlabelled_normal, unlabelled_rows
 from training.data.sources import image_roots, manifest_vocabulary
+from training.data.targeted_augment import select_targeted_classes
 from training.data.transforms import build_transform, stream_seed
 from training.hardware import on_cuda, persistent_workers, pin_memory
 from training.samplers.base import SamplingStrategy
@@ -230,8 +231,11 @@ class CXRDataModule(L.LightningDataModule):
         views = None
         if self.views is not None:
             views = view_indices(rows["view"], self.views) if "view" in rows else np.full(len(rows), -1, np.int64)
+        transform = build_transform(steps)
+        if split == "train":  # a step that targets the rare classes picks them from this split's counts
+            select_targeted_classes(transform, targets)
         return ManifestDataset(
-            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, build_transform(steps),
+            self.manifest.root, rows["path"], targets, rows["image_id"], self.image_size, transform,
             preload=self.preload, resize=self.resize, store=self.store,
             positions=positions if self.store is not None else None, views=views, max_pixels=self.max_pixels,
         )  # fmt: skip

@@ -36,7 +36,7 @@ from training.checkpoint_io import global_rng_state, restore_global_rng_state
 from training.components import build_component
 from training.models.backbone import backbone_from_config
 from training.models.heads import build_head
-from training.models.schedule import run_epochs, warmup_cosine
+from training.models.schedule import HeadOnlyPhase, phased_multiplier, run_epochs
 from training.tracking.redaction import redact
 
 # A class without positives in a (small) validation split is expected in the tail; LabelCounts leaves it out of
@@ -100,6 +100,10 @@ class MultiLabelClassifier(L.LightningModule):
         loss_cfg: ``configs/loss`` node.
         labels: output label names, in column order.
     """
+
+    #: Set before the optimiser is built by ``two_phase=head_first`` (:class:`training.models.two_phase.HeadFirst`):
+    #: the learning-rate schedule then starts with the head alone at its own rate.
+    head_only_phase: HeadOnlyPhase | None = None
 
     def __init__(self, model_cfg: dict, loss_cfg: dict, labels: list[str]):
         super().__init__()
@@ -198,6 +202,11 @@ class MultiLabelClassifier(L.LightningModule):
         self.backbone.requires_grad_(False)
         self.backbone_frozen = True
 
+    def unfreeze_backbone(self) -> None:
+        """Undo :meth:`freeze_backbone` (the end of ``two_phase=head_first``'s head-only phase)."""
+        self.backbone.requires_grad_(True)
+        self.backbone_frozen = False
+
     def on_train_epoch_start(self) -> None:
         if getattr(self, "backbone_frozen", False):
             self.backbone.eval()  # Lightning puts the whole module in train mode each epoch
@@ -273,23 +282,31 @@ class MultiLabelClassifier(L.LightningModule):
         # (head?, decayed?) -> parameters. The head may learn faster than a pretrained backbone (``model.head_lr``:
         # the 2026 winner's 1.5e-4 beside 1.5e-5); norms and biases are never decayed.
         # Without one, the groups are the two earlier runs' checkpoints hold, so they still resume.
-        head_lr = cfg.get("head_lr")
+        head_lr, phase = cfg.get("head_lr"), self.head_only_phase
+        split = bool(head_lr) or phase is not None  # a head-only phase needs the head's groups apart
         groups: dict[tuple[bool, bool], list] = {(h, d): [] for h in (False, True) for d in (True, False)}
         for name, param in self.named_parameters():
             if param.requires_grad:
                 decayed = not (param.ndim <= 1 or name.endswith(".bias"))
-                groups[(bool(head_lr) and name.startswith(("head.", "aux_head.")), decayed)].append(param)
+                groups[(split and name.startswith(("head.", "aux_head.")), decayed)].append(param)
+        kept = [(head, decayed, params) for (head, decayed), params in groups.items() if params]
         optimizer = torch.optim.AdamW(
-            [{"params": params, "lr": head_lr if head else cfg["lr"], "weight_decay": cfg["weight_decay"] * decayed}
-             for (head, decayed), params in groups.items() if params],
+            [{"params": params, "lr": (head_lr or cfg["lr"]) if head else cfg["lr"],
+              "weight_decay": cfg["weight_decay"] * decayed} for head, decayed, params in kept],
             lr=cfg["lr"],
         )  # fmt: skip
         total = int(self.trainer.estimated_stepping_batches)
-        warmup = int(round(cfg.get("warmup_epochs", 0) * total / max(1, self.trainer.max_epochs)))
-        schedule = partial(
-            warmup_cosine, total_steps=total, warmup_steps=warmup, min_factor=cfg.get("min_lr_factor", 0.0)
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        per_epoch = total / max(1, self.trainer.max_epochs)
+        schedules = [  # per group: phase one (if any) holds the head at its own rate, the backbone at 0
+            partial(
+                phased_multiplier, phase_one_steps=int(round(phase.epochs * per_epoch)) if phase else 0,
+                phase_one_factor=phase.lr / group["lr"] if phase and head else 0.0, total_steps=total,
+                warmup_steps=int(round(cfg.get("warmup_epochs", 0) * per_epoch)),
+                min_factor=cfg.get("min_lr_factor", 0.0),
+            )
+            for group, (head, _, _) in zip(optimizer.param_groups, kept, strict=True)
+        ]  # fmt: skip
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedules)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

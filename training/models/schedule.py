@@ -1,9 +1,19 @@
-"""Schedules over a run: the learning rate (linear warmup then cosine decay, stepped per optimiser step) and the
-epoch at which a phase starts, given as a share of ``trainer.max_epochs`` (DRW, the two-phase experts)."""
+"""Schedules over a run: the learning rate (linear warmup then cosine decay, stepped per optimiser step, after an
+optional head-only phase at its own rate) and the epoch at which a phase starts, given as a share of
+``trainer.max_epochs`` (DRW, the two-phase experts)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HeadOnlyPhase:
+    """The first ``epochs`` epochs train the head alone at learning rate ``lr`` (``two_phase=head_first``)."""
+
+    epochs: int
+    lr: float
 
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_factor: float = 0.0) -> float:
@@ -16,6 +26,21 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_factor: fl
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def phased_multiplier(
+    step: int, phase_one_steps: int, phase_one_factor: float, total_steps: int, warmup_steps: int, min_factor: float
+) -> float:
+    """LR multiplier of one parameter group when the run starts with a head-only phase of ``phase_one_steps``.
+
+    Phase one holds ``phase_one_factor`` (the group's phase-one rate over its own rate; 0 for the frozen backbone),
+    a constant rate as the 2026 Task 1 winner's head warm-up used. The warm-up and cosine of
+    :func:`warmup_cosine` then run over the remaining steps only, so they start when the backbone starts
+    learning. With ``phase_one_steps`` 0 this is :func:`warmup_cosine`.
+    """
+    if step < phase_one_steps:
+        return phase_one_factor
+    return warmup_cosine(step - phase_one_steps, total_steps - phase_one_steps, warmup_steps, min_factor)
 
 
 def run_epochs(trainer) -> int:

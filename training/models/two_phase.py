@@ -1,7 +1,11 @@
-"""The two-phase schedule of the mixture-of-experts head (``two_phase=moe``, with ``head=moe``).
+"""The two-phase schedules: the mixture-of-experts head's (``two_phase=moe``, with ``head=moe``), below, and the
+head-first warm-up of a pretrained backbone (``two_phase=head_first``, :class:`HeadFirst`).
 
-Phase 1 trains backbone and linear head as usual. At the start of epoch ``switch_epoch`` the backbone is frozen
-(as cRT freezes it: no gradients, normalisation statistics fixed) and the head switches to its experts. The phase
+Phase 1 trains backbone and the head's first form (linear, or a query decoder for ``head=moe_decoder``) as usual.
+At the start of epoch ``switch_epoch`` the backbone is frozen (as cRT freezes it: no gradients, normalisation
+statistics fixed), all of it or all but the ``train_backbone`` prefixes (a ConvNeXt's last stage, say: the
+overview's Task 1 row C trains only the last layers and the head in its second phase), and the head switches to
+its experts. The phase
 is stored in the head's ``phase`` buffer, not here: a fit resumed after the switch reads it from ``last.ckpt`` and
 this callback freezes the backbone again at the first epoch it runs.
 
@@ -15,12 +19,13 @@ validation always replaces ``best.ckpt``; that forgetting is saved with the next
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import lightning.pytorch as L
 import torch
 
 from training.errors import UserError
-from training.models.schedule import epoch_at_fraction, run_epochs
+from training.models.schedule import HeadOnlyPhase, epoch_at_fraction, run_epochs
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +39,23 @@ class TwoPhase(L.Callback):
             preset serves any run length (rounded, and kept below the last epoch: a one-epoch smoke run is all
             phase 2).
         select_in_phase_two: choose the kept checkpoint among phase-2 epochs only (see the module docstring).
+        train_backbone: backbone parameter-name prefixes that keep training in phase 2 (``[stages.3, head.norm]``:
+            a ConvNeXt's last stage and final norm); empty freezes the whole backbone.
     """
 
     def __init__(
-        self, switch_epoch: int | None = None, switch_fraction: float | None = None, select_in_phase_two: bool = True
+        self,
+        switch_epoch: int | None = None,
+        switch_fraction: float | None = None,
+        select_in_phase_two: bool = True,
+        train_backbone: Sequence[str] = (),
     ):
         if (switch_epoch is None) == (switch_fraction is None):
             raise UserError("two_phase: give exactly one of switch_epoch and switch_fraction")
         self.switch_epoch = None if switch_epoch is None else int(switch_epoch)
         self.switch_fraction = switch_fraction
         self.select_in_phase_two = select_in_phase_two
+        self.train_backbone = tuple(str(prefix) for prefix in train_backbone)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not hasattr(pl_module.head, "start_phase_two"):
@@ -63,8 +75,84 @@ class TwoPhase(L.Callback):
             if self.select_in_phase_two:
                 _forget_best(trainer)
             log.info("epoch %d: backbone frozen, head switched to its experts", trainer.current_epoch)
-        if head.in_phase_two and not getattr(pl_module, "backbone_frozen", False):
+        if head.in_phase_two and self.train_backbone:
+            freeze_backbone_except(pl_module.backbone, self.train_backbone)  # every epoch: Lightning resets modes
+        elif head.in_phase_two and not getattr(pl_module, "backbone_frozen", False):
             pl_module.freeze_backbone()  # the module's own epoch-start hook, called next, sets eval mode
+
+
+def freeze_backbone_except(backbone: torch.nn.Module, prefixes: Sequence[str]) -> None:
+    """Train only the parameters whose names start with one of ``prefixes``; the rest get no gradient.
+
+    A submodule outside the prefixes without any trainable parameter is put in eval mode, as a frozen backbone is;
+    the trained layers (their drop-path included) stay in train mode.
+    """
+    names = [name for name, _ in backbone.named_parameters()]
+    unmatched = [prefix for prefix in prefixes if not any(name.startswith(prefix) for name in names)]
+    if unmatched:
+        raise UserError(
+            f"callbacks.two_phase.train_backbone: {unmatched} match no backbone parameter "
+            f"(its last ones: {', '.join(names[-3:])})"
+        )
+    for name, param in backbone.named_parameters():
+        param.requires_grad_(name.startswith(tuple(prefixes)))
+    for name, module in backbone.named_modules():
+        trained = name.startswith(tuple(prefixes)) or any(p.requires_grad for p in module.parameters())
+        if not trained:  # a frozen part's normalisation statistics and dropout stay as at the switch
+            module.eval()
+
+
+class HeadFirst(L.Callback):
+    """Train the head alone on the frozen backbone for ``epochs`` epochs at ``lr``, then every weight.
+
+    Why: a freshly initialised head on a pretrained backbone sends large, random gradients into it; the 2026 Task 1
+    winner first fits the head (10 epochs at 1e-3), then fine-tunes everything at ``model.lr`` / ``model.head_lr``.
+
+    This callback owns the phase (freezing and unfreezing at epoch starts, so a resumed fit freezes again from the
+    epoch it resumes at); the module's optimiser owns the rates, told of the phase in :meth:`setup`, before it is
+    built (:func:`training.models.schedule.phased_multiplier`): the head at ``lr`` (constant), the backbone at 0,
+    then ``model.warmup_epochs`` of warm-up and the cosine over the remaining epochs. One optimiser spans both
+    phases, so the head's AdamW moments carry over. A run of at most ``epochs`` epochs (``debug=smoke``) keeps its
+    last epoch for phase 2, said in the log.
+
+    Args:
+        epochs: length of the head-only phase; ``trainer.max_epochs`` counts both phases.
+        lr: the head's learning rate in that phase.
+        select_in_phase_two: choose the kept checkpoint among phase-2 epochs only, as the winner's code saves its
+            model only while fine-tuning.
+    """
+
+    def __init__(self, epochs: int, lr: float, select_in_phase_two: bool = True):
+        if int(epochs) < 0 or lr <= 0:
+            raise UserError(f"two_phase=head_first needs epochs >= 0 and lr > 0, got epochs={epochs}, lr={lr}")
+        self.epochs = self.switch_epoch = int(epochs)
+        self.lr = float(lr)
+        self.select_in_phase_two = select_in_phase_two
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if getattr(pl_module, "backbone_frozen", False):
+            raise UserError("two_phase=head_first unfreezes the backbone after its first phase; this run keeps it "
+                            "frozen throughout (stage=crt or a frozen adapter): use two_phase=none")  # fmt: skip
+        if trainer.max_epochs is None or int(trainer.max_epochs) < 1:
+            raise UserError(f"two_phase=head_first counts epochs: set trainer.max_epochs (got {trainer.max_epochs})")
+        epochs = min(self.epochs, int(trainer.max_epochs) - 1)
+        if epochs < self.epochs:
+            log.warning("two_phase=head_first: %d head-only epochs shortened to %d, so the %d-epoch run ends with "
+                        "phase 2", self.epochs, epochs, trainer.max_epochs)  # fmt: skip
+        self.switch_epoch = epochs
+        pl_module.head_only_phase = HeadOnlyPhase(epochs=epochs, lr=self.lr)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        frozen = getattr(pl_module, "backbone_frozen", False)
+        if trainer.current_epoch < self.switch_epoch and not frozen:
+            pl_module.freeze_backbone()  # the module's own epoch-start hook, called next, sets eval mode
+        elif trainer.current_epoch >= self.switch_epoch and frozen:
+            pl_module.unfreeze_backbone()  # Lightning put the whole module in train mode for this epoch
+            if self.select_in_phase_two:
+                _forget_best(trainer)
+            log.info("epoch %d: backbone unfrozen, every weight trains", trainer.current_epoch)
 
 
 def _forget_best(trainer: L.Trainer) -> None:

@@ -8,15 +8,18 @@ from training.samplers.base import SamplingStrategy
 from training.samplers.drawn import EpochDrawSampler, positives
 
 
-def repeat_factors(targets: np.ndarray, threshold: float) -> np.ndarray:
+def repeat_factors(targets: np.ndarray, threshold: float, max_repeat: float | None = None) -> np.ndarray:
     """Per-image factor ``r_i = max over its classes of max(1, sqrt(t / f_c))``; 1 for images with no positive.
 
-    ``f_c`` is the fraction of training images holding class ``c``.
+    ``f_c`` is the fraction of training images holding class ``c``. ``max_repeat`` caps ``r_i``: why, a class
+    seen in a handful of images would otherwise be repeated ``sqrt(t / f_c)`` times, hundreds with a large ``t``,
+    so an epoch would be mostly copies of the same few images.
     """
     pos = positives(targets)
     frequency = pos.mean(axis=0)  # (C,)
     class_factor = np.maximum(1.0, np.sqrt(threshold / np.maximum(frequency, 1e-12)))
-    return np.where(pos, class_factor[None, :], 1.0).max(axis=1, initial=1.0)
+    factors = np.where(pos, class_factor[None, :], 1.0).max(axis=1, initial=1.0)
+    return factors if max_repeat is None else np.minimum(factors, float(max_repeat))
 
 
 class RepeatFactorSampler(EpochDrawSampler):
@@ -27,9 +30,9 @@ class RepeatFactorSampler(EpochDrawSampler):
     needs every rank to agree on the length in advance.
     """
 
-    def __init__(self, targets: np.ndarray, threshold: float, seed: int):
+    def __init__(self, targets: np.ndarray, threshold: float, seed: int, max_repeat: float | None = None):
         super().__init__(seed)
-        self.factors = repeat_factors(targets, threshold)
+        self.factors = repeat_factors(targets, threshold, max_repeat)
         self.expected_length = int(round(self.factors.sum()))
 
     def __len__(self) -> int:
@@ -46,10 +49,14 @@ class RepeatFactorSampler(EpochDrawSampler):
 
 
 class RepeatFactorSampling(SamplingStrategy):
-    """Config entry point. ``threshold`` is LVIS's ``t``: classes rarer than it get oversampled."""
+    """Config entry point. ``threshold`` is LVIS's ``t``: classes rarer than it get oversampled; ``max_repeat``
+    (``null``: no cap) the most times an image is expected to appear in an epoch."""
 
-    def __init__(self, threshold: float = 0.1):
+    def __init__(self, threshold: float = 0.1, max_repeat: float | None = None):
+        if max_repeat is not None and max_repeat < 1:
+            raise ValueError(f"sampler.max_repeat must be >= 1 or null, got {max_repeat}")
         self.threshold = threshold
+        self.max_repeat = max_repeat
 
     def build(self, targets, seed):
-        return RepeatFactorSampler(targets, self.threshold, seed)
+        return RepeatFactorSampler(targets, self.threshold, seed, self.max_repeat)

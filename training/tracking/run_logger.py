@@ -12,6 +12,7 @@ import logging
 import re
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
 
 from lightning.pytorch.loggers import MLFlowLogger
@@ -51,6 +52,10 @@ class RunLogger(MLFlowLogger):
         self._maybe_delivered = False
         #: ``(key, epoch)`` pairs the run already holds when it is resumed (see :meth:`remember_logged`).
         self.logged_steps: set[tuple[str, int]] = set()
+        #: With several validations per epoch (``trainer.val_check_interval``) two of one epoch would share the
+        #: epoch as their step; then this returns the step to log against instead (the trainer's optimizer step,
+        #: which a kept checkpoint records too; Lightning's own ``step`` for validation lags it by one).
+        self.step_of: Callable[[], int] | None = None
 
     def remember_logged(self) -> None:
         """Note every ``(key, step)`` the resumed run already holds, so no value is logged twice (:meth:`not_logged`).
@@ -79,14 +84,18 @@ class RunLogger(MLFlowLogger):
         super().log_hyperparams(redact(vars(params) if isinstance(params, Namespace) else dict(params)))
 
     def log_metrics(self, metrics, step=None) -> None:
-        """Log with the epoch as MLflow's step; buffer instead while a tracking server is unreachable.
+        """Log with the epoch as MLflow's step (or :attr:`step_of`'s); buffer instead while a tracking server is
+        unreachable.
 
         The platform logs epoch-level metrics only (step-level values would be re-logged after a resume), so the
         epoch is the natural x axis in the MLflow UI; Lightning's extra ``epoch`` pseudo-metric is dropped.
         """
         metrics = dict(metrics)
         epoch = metrics.pop("epoch", None)
-        step = int(epoch) if epoch is not None else step
+        if self.step_of is not None:
+            step = self.step_of()
+        elif epoch is not None:
+            step = int(epoch)
         metrics = self.not_logged(metrics, step or 0)
         if not metrics:
             return

@@ -1,0 +1,110 @@
+"""A query-decoder head whose output layer becomes a mixture of experts in a second phase (``head=moe_decoder``).
+
+Overview Table 2, Task 1 row C trains in two phases: first the backbone with a query-based decoder head, then
+only the backbone's last layers and the classification head, with a mixture of experts. Phase 1 here is exactly
+:class:`~training.models.heads.ml_decoder.MLDecoderHead`. At the switch (:class:`training.models.two_phase.TwoPhase`)
+the decoder's group fully-connected output layer is copied into ``K`` experts, mixed per image by a softmax gate on
+the mean decoded query; the decoder's attention keeps training. As in :class:`~training.models.heads.moe.MoEHead`
+the copies differ by a little noise (identical experts would get identical updates forever) and the gate starts
+uniform, so the output at the switch is the phase-1 output up to that noise. The phase is a buffer, so every
+checkpoint, a resumed fit and the served model see the head that was trained at that point.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from training.models.heads.ml_decoder import MLDecoderHead
+
+
+class MoEDecoderHead(MLDecoderHead):
+    """``(B, F, h, w)`` map to ``(B, C)`` logits: an ML-Decoder in phase 1, its output layer as experts in phase 2.
+
+    Args:
+        in_features, num_labels, dim, heads, layers, dropout, groups: as :class:`MLDecoderHead`.
+        experts: number of experts ``K``.
+        noise: perturbation of each expert's copy of the phase-1 output layer, relative to its standard deviation.
+        balance_weight: weight of the load-balancing term (the squared coefficient of variation of the experts'
+            share of the batch), which keeps the gate from collapsing onto one expert.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_labels: int,
+        dim: int = 256,
+        heads: int = 4,
+        layers: int = 1,
+        dropout: float = 0.1,
+        groups: int | None = None,
+        experts: int = 4,
+        noise: float = 0.01,
+        balance_weight: float = 0.01,
+    ):
+        super().__init__(in_features, num_labels, dim, heads, layers, dropout, groups)
+        self.noise, self.balance_weight = float(noise), float(balance_weight)
+        self.expert_weight = nn.Parameter(torch.empty(experts, *self.weight.shape))  # (K, Q, dim, per_group)
+        self.expert_bias = nn.Parameter(torch.empty(experts, num_labels))
+        self.router = nn.Linear(dim, experts)
+        self.register_buffer("phase", torch.ones((), dtype=torch.long))
+        self.register_load_state_dict_post_hook(_phase_from_buffer)
+        self._phase = 1
+        self._init_experts()
+
+    @property
+    def in_phase_two(self) -> bool:
+        return self._phase == 2
+
+    def reset_parameters(self) -> None:
+        """A fresh decoder and experts copied from it (cRT); the phase is kept."""
+        super().reset_parameters()
+        if hasattr(self, "expert_weight"):  # the parent's constructor resets before the experts exist
+            self._init_experts()
+
+    @torch.no_grad()
+    def _init_experts(self) -> None:
+        scale = self.noise * float(self.weight.std())
+        self.expert_weight.copy_(self.weight + scale * torch.randn_like(self.expert_weight))
+        self.expert_bias.copy_(self.bias.expand_as(self.expert_bias))
+        nn.init.zeros_(self.router.weight)
+        nn.init.zeros_(self.router.bias)
+
+    def start_phase_two(self) -> None:
+        """Experts from the trained output layer, then route through them from now on."""
+        self._init_experts()
+        self.phase.fill_(2)
+        self._phase = 2
+
+    def decode(self, features: torch.Tensor) -> torch.Tensor:
+        """``(B, Q, dim)`` decoded queries (the parent's forward up to its output layer)."""
+        tokens = features.flatten(2).transpose(1, 2) if features.ndim == 4 else features
+        memory = self.project(tokens)  # (B, tokens, dim)
+        queries = self.queries.unsqueeze(0).expand(len(memory), -1, -1)  # (B, Q, dim)
+        for layer in self.layers:
+            queries = layer(queries, memory)
+        return queries
+
+    def _mixture(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        queries = self.decode(features)  # (B, Q, dim)
+        gates = torch.softmax(self.router(queries.mean(dim=1)), dim=-1)  # (B, K)
+        logits = torch.einsum("bqd,eqdk->beqk", queries, self.expert_weight).flatten(2)  # (B, K, Q * per_group)
+        logits = logits[..., : self.num_labels] + self.expert_bias  # (B, K, C)
+        return torch.einsum("be,bec->bc", gates, logits), gates
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if not self.in_phase_two:
+            return super().forward(features)
+        return self._mixture(features)[0]
+
+    def training_loss(self, features, targets, mask, loss) -> torch.Tensor:
+        if not self.in_phase_two:
+            return loss(super().forward(features), targets, mask)
+        logits, gates = self._mixture(features)
+        importance = gates.mean(dim=0)
+        balance = len(importance) * importance.square().sum() - 1
+        return loss(logits, targets, mask) + self.balance_weight * balance
+
+
+def _phase_from_buffer(module: MoEDecoderHead, incompatible_keys) -> None:
+    module._phase = int(module.phase)
