@@ -64,20 +64,37 @@ def test_loss_bias_initialisation_reaches_the_head():
     torch.testing.assert_close(model.head.bias.data, expected)
 
 
-def test_one_label_metrics_match_sklearn_and_keep_the_per_class_shape():
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_per_class_metrics_match_sklearn_and_a_class_without_labels_is_nan(num_labels):
+    """A class whose cells are all -1 in the split (an external set without that finding) is NaN, not an error."""
     from sklearn.metrics import average_precision_score, roc_auc_score
 
     from training.models.module import per_class_metrics
 
     rng = np.random.default_rng(0)
-    target = (rng.random((50, 1)) < 0.6).astype(np.int64)
-    probs = np.clip(target * 0.3 + rng.random((50, 1)) * 0.7, 0, 1)
+    target = (rng.random((50, num_labels)) < 0.6).astype(np.int64)
+    probs = np.clip(target * 0.3 + rng.random((50, num_labels)) * 0.7, 0, 1)
     target[:3] = -1  # ignored
-    metrics = per_class_metrics(1)
+    if num_labels > 1:
+        target[:, 1] = -1  # no labelled cell at all
+    metrics = per_class_metrics(num_labels)
     for metric in metrics.values():
-        metric.update(torch.as_tensor(probs, dtype=torch.float32), torch.as_tensor(target))
-    keep = target[:, 0] >= 0
+        for rows in (slice(0, 20), slice(20, 50)):  # two batches
+            metric.update(torch.as_tensor(probs[rows], dtype=torch.float32), torch.as_tensor(target[rows]))
     ap, auroc = metrics["ap"].compute(), metrics["auroc"].compute()
-    assert ap.shape == (1,) and auroc.shape == (1,)
-    assert ap.item() == pytest.approx(average_precision_score(target[keep, 0], probs[keep, 0]), abs=1e-5)
-    assert auroc.item() == pytest.approx(roc_auc_score(target[keep, 0], probs[keep, 0]), abs=1e-5)
+    assert ap.shape == auroc.shape == (num_labels,)
+    for column in range(num_labels):
+        keep = target[:, column] >= 0
+        if not keep.any():
+            assert ap[column].isnan() and auroc[column].isnan()
+            continue
+        expected_ap = average_precision_score(target[keep, column], probs[keep, column])
+        assert ap[column].item() == pytest.approx(expected_ap, abs=1e-5)
+        assert auroc[column].item() == pytest.approx(roc_auc_score(target[keep, column], probs[keep, column]), abs=1e-5)
+    for metric in metrics.values():  # a new epoch starts empty
+        metric.reset()
+        metric.update(torch.as_tensor(probs[:10], dtype=torch.float32), torch.as_tensor(target[:10]))
+    keep = target[:10, 0] >= 0
+    assert metrics["ap"].compute()[0].item() == pytest.approx(
+        average_precision_score(target[:10][keep, 0], probs[:10][keep, 0]), abs=1e-5
+    )

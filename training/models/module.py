@@ -14,6 +14,7 @@ evaluates and serves through the same code:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from functools import partial
 
 import lightning.pytorch as L
@@ -22,12 +23,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
-from torchmetrics.classification import (
-    BinaryAUROC,
-    BinaryAveragePrecision,
-    MultilabelAUROC,
-    MultilabelAveragePrecision,
-)
+from torchmetrics.classification import BinaryAUROC, BinaryAveragePrecision
 from torchmetrics.wrappers.abstract import WrapperMetric
 
 from evaluation.groups import class_groups, group_means
@@ -48,25 +44,35 @@ warnings.filterwarnings("ignore", message="No positive samples", module="torchme
 warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\(")
 
 
-class OneLabel(WrapperMetric):
-    """A binary metric with the multi-label shapes: ``(B, 1)`` in, ``(1,)`` out.
+class PerLabel(WrapperMetric):
+    """One binary metric per class: ``(B, C)`` in, ``(C,)`` out, NaN for a class with no labelled cell.
 
-    torchmetrics' multi-label metrics refuse a single label, and a binary task (pneumonia) is a one-label
-    multi-label task everywhere else in the platform.
+    torchmetrics' multi-label metrics refuse a single label (a binary task is a one-label multi-label task here) and
+    fail with an IndexError on a class whose cells are all -1 in the split, which an external or pseudo-labelled
+    dataset holds when a class is not among its findings. The counts sync across processes before any class's
+    metric is computed, so every process takes the same branches and the per-class collectives stay matched.
     """
 
-    def __init__(self, metric: Metric):
+    def __init__(self, metric: Callable[[], Metric], num_labels: int):
         super().__init__()
-        self.metric = metric
+        self.metrics = nn.ModuleList(metric() for _ in range(num_labels))
+        self.counts = LabelCounts(num_labels)
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        self.metric.update(preds.reshape(-1), target.reshape(-1))
+        for column, metric in enumerate(self.metrics):
+            metric.update(preds[:, column], target[:, column])
+        self.counts.update(preds, target)
 
     def compute(self) -> torch.Tensor:
-        return self.metric.compute().reshape(1)
+        positives, negatives = self.counts.compute()
+        labelled = torch.atleast_1d(positives + negatives).tolist()  # compute() squeezes a single class
+        nan = torch.tensor(float("nan"), device=positives.device)
+        return torch.stack([metric.compute() if n else nan for metric, n in zip(self.metrics, labelled, strict=True)])
 
     def reset(self) -> None:
-        self.metric.reset()
+        for metric in self.metrics:
+            metric.reset()
+        self.counts.reset()
         super().reset()
 
 
@@ -79,14 +85,11 @@ VAL_AP, VAL_AUROC = SUITE.by_key("ap"), SUITE.by_key("auroc")
 
 
 def per_class_metrics(num_labels: int) -> dict[str, Metric]:
-    """Per-class AP and AUROC (``average=None``) for any number of labels, ignoring -1 targets."""
-    if num_labels == 1:
-        return {
-            VAL_AP.key: OneLabel(BinaryAveragePrecision(ignore_index=-1)),
-            VAL_AUROC.key: OneLabel(BinaryAUROC(ignore_index=-1)),
-        }
-    metric = partial(dict, num_labels=num_labels, average=None, ignore_index=-1)
-    return {VAL_AP.key: MultilabelAveragePrecision(**metric()), VAL_AUROC.key: MultilabelAUROC(**metric())}
+    """Per-class AP and AUROC for any number of labels, ignoring -1 targets."""
+    return {
+        VAL_AP.key: PerLabel(partial(BinaryAveragePrecision, ignore_index=-1), num_labels),
+        VAL_AUROC.key: PerLabel(partial(BinaryAUROC, ignore_index=-1), num_labels),
+    }
 
 
 class MultiLabelClassifier(L.LightningModule):
