@@ -28,11 +28,14 @@ import hashlib
 import json
 import logging
 import warnings
+from collections.abc import Callable
 
 import mlflow.data
 from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from omegaconf import DictConfig, OmegaConf
+from sqlalchemy.exc import IntegrityError
 
 from evaluation.headline import headline_of
 from evaluation.tables import headline_view_tag
@@ -49,15 +52,41 @@ VAL_FINGERPRINT_TAG = "cxrlt.val_fingerprint"
 DEBUG_TAG = "cxrlt.debug"
 
 
+def lost_insert_race(error: Exception) -> bool:
+    """Whether a write failed only because another writer inserted the same row (an experiment's tag, a dataset of
+    the experiment) between MLflow's look-up and its insert: the store's own IntegrityError on a local store, its
+    message behind a server's BAD_REQUEST (SQLite, PostgreSQL and MySQL name it so)."""
+    return isinstance(error, IntegrityError) or (
+        isinstance(error, MlflowException) and any(word in str(error) for word in ("IntegrityError", "UniqueViolation"))
+    )
+
+
+def shared_write(write: Callable[[], object], attempts: int = 3) -> None:
+    """A write of a row several runs share, repeated when it lost an insert race.
+
+    MLflow's stores look such a row up and insert it when missing, without a lock, so two runs starting at once (the
+    first trials of two tuning workers) can both insert it, and the second fails on the row's key (docs/scaling.md).
+    The winner's row is committed by then, so the same write finds it and succeeds; any other error is raised as is.
+    """
+    for attempt in range(attempts):
+        try:
+            write()
+            return
+        except Exception as error:
+            if attempt == attempts - 1 or not lost_insert_race(error):
+                raise
+            log.info("a concurrent run wrote the same MLflow row first; writing again (%s)", type(error).__name__)
+
+
 def mark_model_training(client, experiment_id: str, views: dict[str, str] | None = None) -> None:
     """Tag the experiment as model training unless someone chose its kind, and save ``views``: this platform's own,
     so a view whose columns differ (written by an older release) is replaced, and an equal one left as it is."""
     tags = client.get_experiment(experiment_id).tags
     if EXPERIMENT_KIND[0] not in tags:
-        client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
+        shared_write(lambda: client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND))
     for key, value in (views or {}).items():
         if key not in tags or json.loads(tags[key]).get("state") != json.loads(value)["state"]:
-            client.set_experiment_tag(experiment_id, key, value)
+            shared_write(lambda key=key, value=value: client.set_experiment_tag(experiment_id, key, value))
 
 
 def describe(cfg: DictConfig, source_name: str, fingerprint: str) -> str:
@@ -107,7 +136,8 @@ def record_context(client, run_id: str, cfg: DictConfig, datamodule) -> None:
     headline = headline_of(cfg.task).prefix  # the classes the task is ranked on (Task 2: its unseen ones)
     view = headline_view_tag(str(cfg.checkpoint.monitor), headline, cfg.checkpoint.mode == "max", tags=[DEBUG_TAG])
     mark_model_training(client, client.get_run(run_id).info.experiment_id, view)
-    client.log_inputs(run_id, datasets=dataset_inputs(datamodule))
+    datasets = dataset_inputs(datamodule)
+    shared_write(lambda: client.log_inputs(run_id, datasets=datasets))
     client.set_tag(run_id, DESCRIPTION_TAG, describe(cfg, datamodule.source.name, datamodule.manifest.fingerprint))
     for key, value in comparability_tags(cfg, datamodule).items():
         client.set_tag(run_id, key, value)
