@@ -40,6 +40,7 @@ COMMANDS = [
     (["apps.ensemble_cli", "--model", "a"], 1, []),  # one member
     (["apps.ensemble_cli", "--model", "a", "--model", "b"], 1, []),  # no store: refused, and none created
     (["apps.registry", "--task", "task1"], 1, ["mlflow", "pandas", "scipy"]),  # no store: refused, and none created
+    (["apps.pseudo_label", "--model", "x", "--manifest", "nope.csv", "--out", "o.csv"], 1, ["pandas", "scipy"]),
 ]
 
 
