@@ -20,7 +20,48 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class MoEHead(nn.Module):
+class ExpertPhase:
+    """The second phase shared by the expert heads: experts copied from the head's trained output layer
+    (``weight``, ``bias``) with a little noise, a gate that starts uniform, a phase buffer the checkpoints carry, and
+    the load-balancing term. The head sets ``noise``, ``balance_weight``, ``expert_weight``, ``expert_bias`` and
+    ``router``, then calls :meth:`_start_phases`; it defines ``_mixture(features) -> (logits, gates)``."""
+
+    def _start_phases(self) -> None:
+        self.register_buffer("phase", torch.ones((), dtype=torch.long))
+        # A Python copy of the buffer, so forward branches without a device sync; kept in step on every load.
+        self.register_load_state_dict_post_hook(_sync_after_load)
+        self._phase = 1
+
+    @property
+    def in_phase_two(self) -> bool:
+        return self._phase == 2
+
+    def _sync_phase(self) -> None:
+        self._phase = int(self.phase)
+
+    @torch.no_grad()
+    def _init_experts(self) -> None:
+        scale = self.noise * float(self.weight.std())
+        self.expert_weight.copy_(self.weight + scale * torch.randn_like(self.expert_weight))
+        self.expert_bias.copy_(self.bias.expand_as(self.expert_bias))
+        nn.init.zeros_(self.router.weight)
+        nn.init.zeros_(self.router.bias)
+
+    def start_phase_two(self) -> None:
+        """Experts from the trained phase-1 output layer, then route through them from now on."""
+        self._init_experts()
+        self.phase.fill_(2)
+        self._sync_phase()
+
+    def mixture_loss(self, features, targets, mask, loss) -> torch.Tensor:
+        """The phase-2 training loss: the mixture's loss plus the weighted load-balancing term."""
+        logits, gates = self._mixture(features)
+        importance = gates.mean(dim=0)
+        balance = len(importance) * importance.square().sum() - 1
+        return loss(logits, targets, mask) + self.balance_weight * balance
+
+
+class MoEHead(ExpertPhase, nn.Module):
     """Pooled ``(B, F)`` features to ``(B, C)`` logits: linear in phase 1, a gated mixture of experts in phase 2.
 
     Args:
@@ -44,38 +85,14 @@ class MoEHead(nn.Module):
         self.expert_weight = nn.Parameter(torch.empty(experts, num_labels, in_features))
         self.expert_bias = nn.Parameter(torch.empty(experts, num_labels))
         self.router = nn.Linear(in_features, experts)
-        self.register_buffer("phase", torch.ones((), dtype=torch.long))
-        # A Python copy of the buffer, so forward branches without a device sync; kept in step on every load.
-        self.register_load_state_dict_post_hook(_sync_after_load)
-        self._phase = 1
+        self._start_phases()
         self.reset_parameters()
-
-    @property
-    def in_phase_two(self) -> bool:
-        return self._phase == 2
-
-    def _sync_phase(self) -> None:
-        self._phase = int(self.phase)
 
     def reset_parameters(self) -> None:
         """A fresh linear head, experts copied from it and a uniform gate (cRT); the phase is kept."""
         nn.init.normal_(self.weight, std=0.01)
         nn.init.zeros_(self.bias)
         self._init_experts()
-
-    @torch.no_grad()
-    def _init_experts(self) -> None:
-        scale = self.noise * float(self.weight.std())
-        self.expert_weight.copy_(self.weight + scale * torch.randn_like(self.expert_weight))
-        self.expert_bias.copy_(self.bias.expand_as(self.expert_bias))
-        nn.init.zeros_(self.router.weight)
-        nn.init.zeros_(self.router.bias)
-
-    def start_phase_two(self) -> None:
-        """Experts from the trained phase-1 head, then route through them from now on."""
-        self._init_experts()
-        self.phase.fill_(2)
-        self._sync_phase()
 
     def _mixture(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gates = torch.softmax(self.router(features), dim=-1)  # (B, K)
@@ -90,11 +107,8 @@ class MoEHead(nn.Module):
     def training_loss(self, features, targets, mask, loss) -> torch.Tensor:
         if not self.in_phase_two:
             return loss(F.linear(features, self.weight, self.bias), targets, mask)
-        logits, gates = self._mixture(features)
-        importance = gates.mean(dim=0)
-        balance = len(importance) * importance.square().sum() - 1
-        return loss(logits, targets, mask) + self.balance_weight * balance
+        return self.mixture_loss(features, targets, mask, loss)
 
 
-def _sync_after_load(module: MoEHead, incompatible_keys) -> None:
+def _sync_after_load(module: ExpertPhase, incompatible_keys) -> None:
     module._sync_phase()

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from training.models.heads.ml_decoder import MLDecoderHead
+from training.models.heads.moe import ExpertPhase
 
 
-class MoEDecoderHead(MLDecoderHead):
+class MoEDecoderHead(ExpertPhase, MLDecoderHead):
     """``(B, F, h, w)`` map to ``(B, C)`` logits: an ML-Decoder in phase 1, its output layer as experts in phase 2.
 
     Args:
@@ -47,34 +48,14 @@ class MoEDecoderHead(MLDecoderHead):
         self.expert_weight = nn.Parameter(torch.empty(experts, *self.weight.shape))  # (K, Q, dim, per_group)
         self.expert_bias = nn.Parameter(torch.empty(experts, num_labels))
         self.router = nn.Linear(dim, experts)
-        self.register_buffer("phase", torch.ones((), dtype=torch.long))
-        self.register_load_state_dict_post_hook(_phase_from_buffer)
-        self._phase = 1
+        self._start_phases()
         self._init_experts()
-
-    @property
-    def in_phase_two(self) -> bool:
-        return self._phase == 2
 
     def reset_parameters(self) -> None:
         """A fresh decoder and experts copied from it (cRT); the phase is kept."""
         super().reset_parameters()
         if hasattr(self, "expert_weight"):  # the parent's constructor resets before the experts exist
             self._init_experts()
-
-    @torch.no_grad()
-    def _init_experts(self) -> None:
-        scale = self.noise * float(self.weight.std())
-        self.expert_weight.copy_(self.weight + scale * torch.randn_like(self.expert_weight))
-        self.expert_bias.copy_(self.bias.expand_as(self.expert_bias))
-        nn.init.zeros_(self.router.weight)
-        nn.init.zeros_(self.router.bias)
-
-    def start_phase_two(self) -> None:
-        """Experts from the trained output layer, then route through them from now on."""
-        self._init_experts()
-        self.phase.fill_(2)
-        self._phase = 2
 
     def decode(self, features: torch.Tensor) -> torch.Tensor:
         """``(B, Q, dim)`` decoded queries (the parent's forward up to its output layer)."""
@@ -100,11 +81,4 @@ class MoEDecoderHead(MLDecoderHead):
     def training_loss(self, features, targets, mask, loss) -> torch.Tensor:
         if not self.in_phase_two:
             return loss(super().forward(features), targets, mask)
-        logits, gates = self._mixture(features)
-        importance = gates.mean(dim=0)
-        balance = len(importance) * importance.square().sum() - 1
-        return loss(logits, targets, mask) + self.balance_weight * balance
-
-
-def _phase_from_buffer(module: MoEDecoderHead, incompatible_keys) -> None:
-    module._phase = int(module.phase)
+        return self.mixture_loss(features, targets, mask, loss)
