@@ -27,6 +27,7 @@ from hydra.utils import instantiate
 from mlflow import MlflowClient
 
 from tests.conftest import free_port, train_command
+from tests.process_budget import wait_working
 from tests.tune_support import shared_study_trials, study_record
 from training.tracking.server import (
     MAX_OVERFLOW_ENV,
@@ -43,6 +44,8 @@ from training.tracking.server import (
 from training.tuning.heartbeat import CLOCK_STEP_S
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+#: CPU seconds the outage test's 4-epoch smoke training may use: many times what it takes (tests/process_budget.py).
+OUTAGE_CPU_SECONDS = 600
 ADMIN_PASSWORD = "Adm1n-test-pw-7c1f"  # a throwaway server's; the point is that it never shows up in a run
 ALICE_PASSWORD = "Al1ce-test-pw-93ab"
 TINY = ("debug=smoke", "data.subset={train:64,val:48,test:32}", "trainer.max_epochs=1", "evaluation.n_boot=0",
@@ -283,23 +286,26 @@ def test_server_stopped_mid_run_buffers_metrics_then_fails_naming_the_run_and_re
                  "evaluation.n_boot=0", "evaluation.plots=false")  # fmt: skip
     env = team_server.env()
     client = admin
-    training = subprocess.Popen(train_command(tmp_path, *overrides), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    deadline = time.time() + 300
-    run_id = None
-    while True:  # stop the server as soon as the first epoch reached it
-        assert training.poll() is None, training.stdout.read()[-3000:]
-        assert time.time() < deadline, "no epoch logged"
-        time.sleep(0.3)
+    log = tmp_path / "train.log"
+    with log.open("w") as sink:  # a file, not a pipe: nobody reads a pipe while the budget below waits
+        training = subprocess.Popen(train_command(tmp_path, *overrides), env=env, stdout=sink,
+                                    stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    def first_epoch_logged() -> bool:
         found = list((tmp_path / "checkpoints").glob("*"))
-        run_id = found[0].name if found else None
-        if run_id and client.get_metric_history(run_id, "val/mAP"):
-            break
+        return bool(found) and bool(client.get_metric_history(found[0].name, "val/mAP"))
+
+    # Waits bounded by the training's CPU time, not the wall clock, which a busy machine stretches several-fold.
+    wait_working(training, "training until its first epoch reached the server", OUTAGE_CPU_SECONDS,
+                 until=first_epoch_logged, poll=0.3)  # fmt: skip
+    assert training.poll() is None, log.read_text()[-3000:]  # stop the server as soon as the first epoch reached it
+    run_id = next((tmp_path / "checkpoints").glob("*")).name
     team_server.stop()
     try:
-        output = training.communicate(timeout=300)[0]
+        wait_working(training, "the training after the server stopped", OUTAGE_CPU_SECONDS)
     finally:
         team_server.start()
+    output = log.read_text()
     assert training.returncode != 0  # not a silent success, not a hang
     assert "unreachable" in output and f"resume={run_id}" in output, output[-3000:]
     assert "buffering the metrics of run" in output  # training went on through the outage
@@ -308,14 +314,17 @@ def test_server_stopped_mid_run_buffers_metrics_then_fails_naming_the_run_and_re
     assert client.get_run(run_id).info.status == "RUNNING"  # not FINISHED: nothing was tested or stored
     assert len(client.get_metric_history(run_id, "val/mAP")) < epochs
 
-    resumed = subprocess.run(train_command(tmp_path, *overrides, f"resume={run_id}"), env=env, capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed_log = tmp_path / "resumed.log"
+    with resumed_log.open("w") as sink:
+        resumed = subprocess.Popen(train_command(tmp_path, *overrides, f"resume={run_id}"), env=env, stdout=sink,
+                                   stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    wait_working(resumed, "the resumed training", OUTAGE_CPU_SECONDS)
+    assert resumed.returncode == 0, resumed_log.read_text()[-3000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and "test/mAP" in run.data.metrics
     for key in ("val/mAP", "train/loss"):
         steps = sorted(m.step for m in client.get_metric_history(run_id, key))
-        assert steps == list(range(epochs)), (key, steps, output[-6000:], resumed.stderr[-3000:])  # each epoch once
+        assert steps == list(range(epochs)), (key, steps, output[-6000:], resumed_log.read_text()[-3000:])  # once each
 
 
 @pytest.mark.server
