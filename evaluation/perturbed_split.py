@@ -20,9 +20,6 @@ test images (the split's own resize mode and transform, :meth:`ManifestDataset.m
   image's parameters, each file's size and modification time). The key names the split's images, the canonical
   side, the seed and the pipeline version, never a model's input size, so models of any size share one copy. The
   folder is built under a temporary name and renamed, so an interrupted build leaves nothing that looks complete.
-
-:func:`evaluation.perturb.perturbed_set` (same-size arrays perturbed as given) is kept unchanged for callers that
-hold images of their own; the test phase uses :func:`predict_perturbed`.
 """
 
 from __future__ import annotations

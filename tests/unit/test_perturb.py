@@ -1,12 +1,10 @@
-"""The fixed perturbed robustness set: parameter distribution, exact geometry, reproducibility, caching."""
-
-import json
+"""The fixed perturbed robustness set: parameter distribution, exact geometry, reproducibility (the cache:
+test_perturbed_split.py)."""
 
 import numpy as np
 import pytest
 
-import evaluation.perturb as perturb
-from evaluation.perturb import PERTURB_SEED, PerturbCacheError, PerturbParams, draw_params, perturb_image, perturbed_set
+from evaluation.perturb import PERTURB_SEED, PerturbParams, draw_params, perturb_image
 
 
 @pytest.fixture(scope="module")
@@ -98,64 +96,3 @@ def test_noise_has_the_drawn_std_and_is_reproducible():
     assert abs(residual.std() - 0.15) < 0.01 and abs(residual.mean()) < 0.01
     other = perturb_image(image, PerturbParams(0.9, 0.1, 0.1, True, 0.15, 8))
     assert not np.array_equal(noisy, other)
-
-
-@pytest.fixture
-def eval_set():
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (12, 32, 32), dtype=np.uint8)
-    return images, [f"img{i}" for i in range(12)]
-
-
-def test_perturbed_set_is_cached_and_reused(eval_set, tmp_path, monkeypatch):
-    images, ids = eval_set
-    first = perturbed_set(images, ids, "abc123-test", seed=5, cache_dir=tmp_path)
-    expected = np.stack([perturb_image(im, p) for im, p in zip(images, draw_params(12, 5), strict=True)])
-    assert np.array_equal(first, expected)
-    assert isinstance(first, np.memmap) and not first.flags.writeable
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["abc123-test_32x32_seed5.json", "abc123-test_32x32_seed5.npy"]
-    sidecar = json.loads((tmp_path / "abc123-test_32x32_seed5.json").read_text())
-    assert sidecar["image_ids"] == ids and sidecar["params"][3] == perturb.asdict(draw_params(4, 5)[3])
-
-    def fail(*args, **kwargs):
-        raise AssertionError("the cached set must be loaded, not recomputed")
-
-    monkeypatch.setattr(perturb, "perturb_image", fail)
-    second = perturbed_set(images, ids, "abc123-test", seed=5, cache_dir=tmp_path)
-    assert np.array_equal(second, first)
-
-
-def test_seeds_give_different_sets_and_same_seed_same_pixels(eval_set, tmp_path):
-    images, ids = eval_set
-    a = perturbed_set(images, ids, "fp", seed=1, cache_dir=tmp_path / "a")
-    b = perturbed_set(images, ids, "fp", seed=1, cache_dir=tmp_path / "b")  # regenerated from scratch
-    c = perturbed_set(images, ids, "fp", seed=2, cache_dir=tmp_path / "a")
-    assert np.array_equal(a, b)
-    assert not np.array_equal(a, c)
-
-
-def test_cache_with_other_ids_or_pixels_raises(eval_set, tmp_path):
-    images, ids = eval_set
-    perturbed_set(images, ids, "fp", seed=1, cache_dir=tmp_path)
-    with pytest.raises(PerturbCacheError, match="image ids differ"):
-        perturbed_set(images, ids[::-1], "fp", seed=1, cache_dir=tmp_path)
-    with pytest.raises(PerturbCacheError, match="image ids differ"):
-        perturbed_set(images[:11], ids[:11], "fp", seed=1, cache_dir=tmp_path)
-    with pytest.raises(PerturbCacheError, match="source pixels"):
-        perturbed_set(255 - images, ids, "fp", seed=1, cache_dir=tmp_path)
-
-
-def test_interrupted_write_leaves_no_cache(eval_set, tmp_path, monkeypatch):
-    images, ids = eval_set
-    calls = []
-
-    def flaky(image, params):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return image
-
-    monkeypatch.setattr(perturb, "perturb_image", flaky)
-    with pytest.raises(KeyboardInterrupt):
-        perturbed_set(images, ids, "fp", seed=1, cache_dir=tmp_path)
-    assert list(tmp_path.iterdir()) == []
