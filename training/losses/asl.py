@@ -15,35 +15,16 @@ class AsymmetricLoss(MultiLabelLoss):
 
     With ``p = sigmoid(x)`` and the shifted negative probability ``p_m = max(p - clip, 0)``::
 
-        L+ = (1 - p) ** gamma_pos * log(p)
-        L- = p_m ** gamma_neg * log(1 - p_m)
-        loss = -(y * L+ + (1 - y) * L-)
+        loss = -(y * (1 - p) ** gamma_pos * log(p) + (1 - y) * p_m ** gamma_neg * log(1 - p_m))
 
-    Why: an image has a handful of positives and many negatives, most of them easy. A large ``gamma_neg``
-    down-weights easy negatives (low ``p``) far more than positives (``gamma_pos`` small), and the shift ``clip``
-    discards very easy negatives entirely (``p <= clip`` gives ``p_m = 0``, zero loss and zero gradient) and
-    caps the loss of a negative at ``-log(clip)``, which limits the damage of missing or wrong negative labels.
-    Note the negative weight is ``p_m ** gamma_neg``: it grows with ``p``, so a hard negative (high ``p``)
-    keeps more weight than an easy one. Writing ``(1 - p) ** gamma_neg`` instead is a known bug that inverts
-    the focusing.
-
-    Numerics follow the reference (``log`` arguments clamped at ``eps``) but the logs are evaluated as
-    ``max(logsigmoid(x), log(eps))`` and ``log(min(sigmoid(-x) + clip, 1))``, which are the same functions
-    without the cancellation of ``1 - sigmoid(x)`` in float32. Logits of +-50 stay finite.
-
-    Reduction: the reference returns ``-loss.sum()`` over the whole ``(B, C)`` batch, so the default here is
-    ``sum`` to reproduce its loss scale (and its learning rates: the reference trains with Adam at lr 1e-4 on
-    that sum). ``mean`` (per labelled entry) or ``batch_mean`` (per image) make the scale independent of batch
-    size and class count; switching changes the effective learning rate with SGD, not with Adam.
+    The negative weight grows with ``p`` on purpose (docs/losses.md, "Asymmetric loss"). The logs are the
+    reference's ``eps``-clamped ones, evaluated without the float32 cancellation of ``1 - sigmoid(x)``.
 
     Args:
-        gamma_neg: focusing exponent for negatives (reference 4).
-        gamma_pos: focusing exponent for positives (reference training script 0; the class default is 1).
-        clip: probability margin ``m`` for negatives (reference 0.05); 0 or null disables shifting.
-        eps: lower clamp inside the logs (reference 1e-8).
-        disable_torch_grad_focal_loss: compute the focusing weights without gradient, treating them as
-            constants (reference option). Default False, as in the reference ``AsymmetricLossOptimized``.
-        reduction: ``sum`` (reference), ``mean`` or ``batch_mean``; see :meth:`MultiLabelLoss.reduce`.
+        gamma_pos: reference training script 0 (the reference class default is 1).
+        clip: 0 or null disables shifting.
+        disable_torch_grad_focal_loss: treat the focusing weights as constants (reference option).
+        reduction: ``sum`` as the reference, so its learning rates carry over; see :meth:`MultiLabelLoss.reduce`.
     """
 
     def __init__(

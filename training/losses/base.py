@@ -9,12 +9,8 @@ from torch import nn
 class MultiLabelLoss(nn.Module):
     """Base class for losses over ``(B, C)`` logits and binary targets.
 
-    Long-tailed losses need statistics of the training labels (class counts for LDAM margins, DB rebalancing,
-    class-prior bias). They are never typed by hand: the LightningModule calls :meth:`set_class_counts` once with
-    the counts read from the training manifest, before the first step. Losses with a schedule (DRW) get
-    :meth:`on_epoch_start`.
-
-    ``mask`` marks which entries are labelled; an empty cell in the manifest (not labelled) must contribute
+    Class counts are never typed by hand: the LightningModule calls :meth:`set_class_counts` with the training
+    manifest's counts before the first step. ``mask`` marks labelled entries; an empty manifest cell must contribute
     nothing, not count as a negative.
     """
 
@@ -26,8 +22,7 @@ class MultiLabelLoss(nn.Module):
     def on_epoch_start(self, epoch: int, max_epochs: int | None = None) -> None:
         """Hook for losses whose weighting depends on the epoch (deferred re-weighting).
 
-        ``max_epochs`` is the run's ``trainer.max_epochs``, so a schedule can be a share of the run rather than a
-        fixed epoch number (:func:`training.models.schedule.epoch_at_fraction`).
+        ``max_epochs`` lets a schedule be a share of the run (:func:`training.models.schedule.epoch_at_fraction`).
         """
 
     def init_bias(self) -> torch.Tensor | None:
@@ -43,11 +38,8 @@ class MultiLabelLoss(nn.Module):
     def reduce(elementwise: torch.Tensor, mask: torch.Tensor | None, reduction: str) -> torch.Tensor:
         """Reduce a ``(B, C)`` loss over the labelled entries only.
 
-        Args:
-            elementwise: per-entry loss ``(B, C)``.
-            mask: ``(B, C)`` bool, True where the label is known; None means all known.
-            reduction: ``mean`` (over labelled entries), ``sum``, or ``batch_mean`` (sum over classes, mean over
-                images, the usual multi-label convention that keeps the scale independent of batch size).
+        ``reduction``: ``mean`` (over labelled entries), ``sum``, or ``batch_mean`` (sum over classes, mean over images,
+        independent of batch size).
         """
         if mask is not None:
             elementwise = elementwise * mask.to(elementwise.dtype)

@@ -1,16 +1,8 @@
 """Class-balanced loss (Cui et al. 2019): every class re-weighted by the inverse of its effective number of samples.
 
-Why effective numbers rather than ``1 / n_c``: added samples of a class overlap in what they teach, so the
-information a class holds grows more slowly than its count. Cui et al. model the "effective number" as
-``E_n = (1 - beta ** n) / (1 - beta)``; weighting by ``1 / E_n`` sits between no re-weighting (``beta = 0``) and
-inverse frequency (``beta -> 1``), so a long tail is lifted without letting a class with two positives dominate.
-The weights come from ``training.losses.weights.effective_number_weights`` (the one implementation, shared with
-LDAM-DRW), normalised to sum ``C`` as in the paper, so the average class weight stays 1.
-
-Multi-label adaptation: Cui et al. weight a whole single-label sample by its class's weight. With several labels
-per image there is no single class per sample, so here the weight belongs to the class column: every labelled
-entry of class ``c`` (positive or negative) is multiplied by ``w_c``. The base term is the paper's sigmoid
-cross-entropy (``gamma = 0``) or its focal variant (``gamma > 0``, Lin et al.'s ``(1 - p_t) ** gamma``).
+Why effective numbers rather than ``1 / n_c``, and the multi-label adaptation (the weight belongs to the class
+column, positives and negatives alike): docs/losses.md, "Effective-number weights". The base term is sigmoid
+cross-entropy (``gamma = 0``) or its focal variant.
 """
 
 from __future__ import annotations
@@ -25,10 +17,7 @@ from training.losses.weights import effective_number_weights, require_counts
 class ClassBalancedLoss(MultiLabelLoss):
     """``w_c * (1 - p_t) ** gamma * BCE(x, y)`` per entry, ``w_c`` from class ``c``'s effective number.
 
-    Args:
-        beta: in ``[0, 1)``; Cui et al.'s hyperparameter (0.9999 their default on large long-tailed sets).
-        gamma: focal exponent; 0 gives the class-balanced sigmoid cross-entropy.
-        reduction: see :meth:`MultiLabelLoss.reduce`.
+    ``beta``: Cui et al.'s 0.9999 is their default on large long-tailed sets.
     """
 
     def __init__(self, beta: float = 0.9999, gamma: float = 0.0, reduction: str = "mean"):

@@ -12,25 +12,14 @@ def multi_label_supcon(
 ) -> torch.Tensor:
     """Supervised contrastive loss (Khosla et al. 2020) with one anchor per (image, positive label) pair.
 
-    Why per label: with several findings per image there is no single "same class" relation. Taking every
-    positive label of an image as its own anchor (the multi-label supervised contrastive scheme of Zhang and Wu,
-    AAAI 2024) pulls an image towards every other image that shares that finding, one finding at a time, and away
-    from the rest of the batch, so a rare finding gets its own attraction instead of being averaged into a
-    set-of-labels similarity.
-
-    For anchor ``(i, c)`` with ``y_ic = 1`` and positives ``P = {j != i : y_jc = 1}``::
+    Why per label: with several findings per image there is no single "same class" relation; one anchor per positive
+    label (Zhang and Wu, AAAI 2024) gives a rare finding its own attraction instead of averaging it into a
+    set-of-labels similarity. For anchor ``(i, c)`` with positives ``P = {j != i : y_jc = 1}``::
 
         l_ic = -1 / |P| * sum_{p in P} log( exp(s_ip / t) / sum_{a != i} exp(s_ia / t) )
 
-    with ``s`` the cosine similarity of the embeddings; the loss is the mean of ``l_ic`` over the anchors with a
-    non-empty ``P``, and 0 (with a gradient path) when a batch has none. Unlabelled entries (``mask`` False) are
+    averaged over anchors with a non-empty ``P``; 0 (with a gradient path) when there is none. Unlabelled entries are
     not positives. Under DDP the contrast is within each process's batch.
-
-    Args:
-        embeddings: ``(B, D)``; normalised here.
-        targets: ``(B, C)`` in {0, 1}.
-        mask: ``(B, C)`` bool, True where the label is known; None means all known.
-        temperature: ``t``.
     """
     z = F.normalize(embeddings.float(), dim=1)  # (B, D)
     y = targets.float() if mask is None else targets.float() * mask.float()  # (B, C) known positives
@@ -50,16 +39,8 @@ def multi_label_supcon(
 class MultiSupConAux(nn.Module):
     """A projection head on the pooled feature trained with :func:`multi_label_supcon`, beside the main loss.
 
-    The projection (``in_features -> hidden -> dim``, ReLU between, as in SupCon) is used only by this loss: it
-    lets the contrastive geometry live in its own space while the backbone feature it reads serves the
-    classifier. Nothing of it is used for predictions.
-
-    Args:
-        in_features: the backbone's pooled feature size (given by the LightningModule).
-        num_labels: number of output labels (given by the LightningModule; unused by the loss itself).
-        dim: embedding size (SupCon's 128).
-        hidden: hidden width; ``None`` = ``in_features``.
-        temperature: see :func:`multi_label_supcon`.
+    The projection (as in SupCon) lets the contrastive geometry live in its own space while the backbone feature
+    serves the classifier; nothing of it is used for predictions. ``num_labels`` is unused by the loss.
     """
 
     def __init__(

@@ -12,64 +12,16 @@ from training.losses.weights import clamp_counts, effective_number_weights, requ
 class DistributionBalancedLoss(MultiLabelLoss):
     """Rebalanced weighting plus negative-tolerant regularisation plus focal focusing, per label.
 
-    Why: in multi-label data, re-sampling or re-weighting by class is distorted by label co-occurrence: an image
-    with a rare finding also carries common ones, so class-level weights over-sample the common ones too, and
-    the many negatives of every rare class push its logits down (over-suppression). DB fixes each part:
-
-    **Rebalanced weighting.** ``P^C_c = 1 / n_c`` is the (unnormalised) chance that class-aware sampling picks an
-    image through class ``c``; ``P^I_i = sum_j y_ij / n_j`` the chance it picks image ``i`` at all. Their ratio
-    ``r_ic = P^C_c / P^I_i`` corrects the co-occurrence bias and is smoothed as
-    ``w_ic = alpha + sigmoid(beta * (r_ic - mu))``. As in the reference (``rebalance_weight``: "pos and neg are
-    equally treated") the weight applies to every entry of the image, negatives included. An image with no
-    positive has ``P^I = 0`` and ``r = inf`` in the reference, so ``w = alpha + 1``; that limit is used here
-    explicitly instead of dividing by zero. Only labelled positives (``mask``) enter ``P^I``. The weights are
-    constants (no gradient), as in the reference.
-
-    **Negative-tolerant regularisation.** A class-specific bias from the prior, ``b_c = -log(N / n_c - 1) *
-    init_bias / neg_scale`` (``= (init_bias / neg_scale) * logit(n_c / N)``, reference formula), and for
-    negatives the logit is multiplied by ``lambda = neg_scale`` while their loss weight is divided by it:
-    ``(1 / lambda) * log(1 + exp(lambda * z))`` has a gradient that vanishes quickly once a negative is below
-    zero, so the many negatives of a rare class stop over-suppressing it.
-
-    The reference adds ``b`` inside the loss, to the logits, as a fixed offset. Here, by the platform contract,
-    :meth:`init_bias` returns it and the LightningModule writes it into the head bias, so the loss does not add
-    it again. Training dynamics are the same: the loss sees ``Wx + b`` either way and the gradient with respect
-    to the free bias is identical (weight decay would differ, but the platform exempts biases from it). At
-    inference the platform's logits include ``b`` while the reference's do not, a per-class constant that
-    changes no per-class AP/AUROC. Set ``bias_in_loss=True`` for the reference behaviour (then :meth:`init_bias`
-    returns ``None``).
-
-    **Focal term.** ``p_t = exp(-BCE(z', y))`` on the regularised logit ``z'`` without weights, loss
-    ``balance_param * (1 - p_t) ** gamma * w * BCE(z', y)`` (reference ``ResampleLoss.forward``).
-
-    **Two options of the 2026 Task 1 winner's variant** (off here; :class:`EffectiveNumberMarginDBLoss` turns them
-    on). ``class_beta``: every entry of class ``c``, positive or negative, is also weighted by the effective-number
-    weight ``(1 - class_beta) / (1 - class_beta ** n_c)`` of Cui et al. 2019, normalised to sum ``C``
-    (:func:`training.losses.weights.effective_number_weights`), a class-level weight in place of, or beside, the
-    image-level rebalancing. ``pos_margin``: a constant ``m`` subtracted from every positive logit before the loss
-    (``z' = z - m`` where ``y = 1``), so a positive has to clear ``m`` to reach the loss an unshifted one has at
-    0; like LDAM's margin it keeps the boundary away from the few positives of a rare class. Both are constants of
-    the training counts, so neither carries a gradient of its own.
-
-    Zero-count classes: ``n_c`` is clamped to ``>= 1`` (and to ``<= N - 1`` for the bias, so a class present in
-    every image gives a finite logit prior).
+    Mathematics, the reference's choices followed, and where this code departs from them: docs/losses.md,
+    "Distribution-Balanced loss". The prior bias is returned by :meth:`init_bias` for the head rather than added to
+    the logits here (same training gradient, a per-class constant at inference); ``bias_in_loss=True`` restores
+    the reference. ``class_beta`` and ``pos_margin`` are the winner's options (docs/losses.md, "The CXR-LT 2026
+    Task 1 winner's variants"); ``None`` and 0 leave them out.
 
     Args:
-        alpha: additive floor of the smoothed weight (reference config ``map_param.alpha`` 0.1).
-        beta: steepness of the smoothing sigmoid (reference config ``map_param.beta`` 10).
-        mu: centre of the smoothing sigmoid (reference config ``map_param.gamma`` 0.2).
-        rebalance: apply the rebalanced weights (reference ``reweight_func='rebalance'``); False gives weight 1.
-        focal: apply the focal term (reference ``focal.focal`` True).
-        gamma: focal exponent (reference ``focal.gamma`` 2).
-        balance_param: constant factor on the focal loss (reference ``focal.balance_param`` 2.0).
-        neg_scale: ``lambda``, the negative-logit scale (reference ``logit_reg.neg_scale`` 2.0); 1 disables it.
-        init_bias: ``kappa`` of the prior bias (reference ``logit_reg.init_bias`` 0.05); 0 disables it.
-        bias_in_loss: add the prior bias inside the loss like the reference instead of returning it from
-            :meth:`init_bias` for the head.
-        class_beta: effective-number ``beta`` of the per-class weights (see above); ``None`` leaves them out.
-        pos_margin: logit margin subtracted from positive entries (see above); 0 leaves it out.
-        reduction: see :meth:`MultiLabelLoss.reduce`; ``mean`` over labelled entries, as the reference returns the
-            unreduced ``(B, C)`` loss and its trainer takes ``.mean()``.
+        alpha, beta, mu: floor, steepness and centre of the smoothed weight (reference ``map_param`` 0.1, 10, 0.2).
+        neg_scale: ``lambda``, the negative-logit scale (reference 2.0); 1 disables it.
+        init_bias: ``kappa`` of the prior bias (reference 0.05); 0 disables it.
     """
 
     def __init__(
@@ -140,9 +92,7 @@ class DistributionBalancedLoss(MultiLabelLoss):
     def rebalance_weights(self, targets: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Smoothed rebalancing weights ``w (B, C) = alpha + sigmoid(beta * (r - mu))``.
 
-        Args:
-            targets: ``(B, C)`` binary labels.
-            mask: ``(B, C)`` bool, labelled entries; unlabelled positives do not count toward ``P^I``.
+        ``mask``: unlabelled positives do not count toward ``P^I``.
         """
         counts, _ = require_counts(self)
         y = targets.float()
@@ -178,12 +128,8 @@ class DistributionBalancedLoss(MultiLabelLoss):
 class EffectiveNumberMarginDBLoss(DistributionBalancedLoss):
     """The DB variant of the CXR-LT 2026 Task 1 winner: effective-number class weights and a positive logit margin.
 
-    The same loss as :class:`DistributionBalancedLoss` (negative-tolerant regularisation, prior bias, focal term),
-    with the image-level rebalanced weights replaced by class-level effective-number weights
-    (``class_beta`` 0.9999, the value of Cui et al. and of LDAM-DRW) and positives shifted by ``pos_margin`` 0.5
-    (the largest LDAM margin, in logit units). The overview names the two parts, not their values: both are this
-    platform's choice. A separate class only so that its YAML (``configs/loss/db_en_margin.yaml``) spells out its
-    own defaults, as every loss YAML does.
+    Values and reasons: docs/losses.md, "The CXR-LT 2026 Task 1 winner's variants". A separate class only so that
+    its YAML (``configs/loss/db_en_margin.yaml``) spells out its own defaults, as every loss YAML does.
     """
 
     def __init__(
@@ -212,25 +158,8 @@ class EffectiveNumberMarginDBLoss(DistributionBalancedLoss):
 class ClassMarginDBLoss(DistributionBalancedLoss):
     """The loss of the CXR-LT 2026 Task 1 winner's published training code (``loss=db_winner2026``).
 
-    That code calls it distribution-balanced; of DB it keeps the effective-number class weights and the option of
-    a negative scale, and adds a per-class margin. DB's rebalanced image weights, focal term and prior bias are
-    off (not arguments here). Per labelled entry, with ``w_c`` the effective-number weights (``class_beta``,
-    mean 1) and ``p = class_weight_power``:
-
-    - positive: ``w_c ** p * BCE(z_ic - m_c, 1)``;
-    - negative: ``w_c ** p * BCE(neg_scale * (z_ic + neg_margin), 0) / neg_scale``;
-
-    averaged over the labelled entries. The power (0.5 in the winner's run) softens the weights: a class 100
-    times rarer gets 10 times, not 100 times, the weight.
-
-    The margin ``m_c = class_margin * class_margin_scale * u_c``, with ``u_c`` the min-max rescaling of ``1 / w_c``
-    onto [0, 1]: the most frequent class has to clear the full margin, the rarest none. The winner's code comments
-    speak of a margin for the tail; the formula, followed here, gives it to the frequent classes, so a frequent
-    class's positives keep contributing longer rather than the rare ones.
-
-    ``neg_scale`` keeps DB's meaning (:class:`DistributionBalancedLoss`); the winner's 1.0 and ``neg_margin`` 0
-    are the identity in both codes. At other values the winner's code drops the class weight from the negatives;
-    this class keeps it, so the loss stays continuous in both settings.
+    Formula, margin direction (to the frequent classes, as the winner's formula does) and why the class weight stays
+    on the negatives at any ``neg_scale``: docs/losses.md, "The CXR-LT 2026 Task 1 winner's variants".
     """
 
     def __init__(

@@ -11,22 +11,14 @@ from training.losses.base import MultiLabelLoss
 class FocalLoss(MultiLabelLoss):
     """Per-label sigmoid focal loss: ``FL = -alpha_t * (1 - p_t) ** gamma * log(p_t)``.
 
-    Why: in a long-tailed multi-label problem the overwhelming majority of entries are easy negatives (a rare
-    finding is absent from almost every image). Their many small BCE terms dominate the gradient. The factor
-    ``(1 - p_t) ** gamma`` shrinks the contribution of entries the model already gets right, so the gradient is
-    spent on hard and rare entries. Unlike ASL it treats positives and negatives symmetrically.
-
-    ``p_t`` is ``sigmoid(x)`` for a positive and ``1 - sigmoid(x)`` for a negative; it is computed as
-    ``exp(-BCE)`` from the numerically stable BCE-with-logits, so logits of +-50 stay finite. ``alpha_t`` is
-    ``alpha`` for positives and ``1 - alpha`` for negatives (Lin et al.; the same convention as
-    ``torchvision.ops.sigmoid_focal_loss``). With ``gamma = 0`` and ``alpha = None`` the loss equals BCE.
+    Why: the easy negatives of a rare finding dominate the BCE gradient; ``(1 - p_t) ** gamma`` shrinks entries the
+    model already gets right. Unlike ASL it treats positives and negatives symmetrically. ``p_t = exp(-BCE)`` keeps
+    logits of +-50 finite. ``alpha_t`` follows Lin et al. and ``torchvision.ops.sigmoid_focal_loss``; ``gamma = 0``
+    with ``alpha = None`` is BCE.
 
     Args:
-        gamma: focusing exponent (2 in Lin et al.). 0 disables focusing.
-        alpha: weight of positive entries in ``[0, 1]`` (negatives get ``1 - alpha``), or ``None`` for no
-            weighting. Lin et al. use 0.25 for dense detection, where it was tuned together with gamma; for
-            multi-label classification it is off by default.
-        reduction: see :meth:`MultiLabelLoss.reduce`; ``mean`` over labelled entries like the BCE default.
+        alpha: weight of positive entries (negatives get ``1 - alpha``), or ``None``. Lin et al.'s 0.25 was tuned
+            with gamma for dense detection, so it is off by default here.
     """
 
     def __init__(self, gamma: float = 2.0, alpha: float | None = None, reduction: str = "mean"):

@@ -13,61 +13,17 @@ from training.models.schedule import epoch_at_fraction
 class LDAMLoss(MultiLabelLoss):
     """Label-distribution-aware margins per label, plus class-balanced weights switched on late (DRW).
 
-    Why: LDAM's generalisation bound says a class seen ``n`` times should be separated by a margin
-    proportional to ``n ** (-1/4)``: rare classes get larger margins, so the decision boundary is pushed away
-    from their few training examples instead of hugging them. DRW keeps the loss unweighted while features are
-    learned, then switches to class-balanced weights for the final epochs; re-weighting from the start hurts
-    representation learning (Cao et al., section 3.2).
-
-    **Multi-label adaptation.** The reference is single-label softmax CE on ``s * (z - m_y * onehot(y))``. Here
-    every label ``c`` is its own two-way problem, "positive" (``n_pos_c`` = training count) against "negative"
-    (``n_neg_c = N - n_pos_c``). For two classes with logits ``(z_neg, z_pos)`` the softmax equals a sigmoid of
-    ``x = z_pos - z_neg``, and subtracting the LDAM margin from the true-class logit becomes:
-
-    - positive entry: ``x - m_pos_c`` with ``m_pos_c`` proportional to ``n_pos_c ** (-1/4)``;
-    - negative entry: ``x + m_neg_c`` with ``m_neg_c`` proportional to ``n_neg_c ** (-1/4)`` (the margin is
-      toward the negative side: a negative must score below ``-m_neg_c`` to reach the same loss).
-
-    Both sets share one scale so that the largest of all ``2C`` margins equals ``max_m`` (the reference
-    normalises by the largest margin). Positives of rare findings therefore get the largest margins; the
-    negatives of a rare finding (``n_neg ~ N``) get a small one. With ``negative_margins=False`` negatives get
-    no margin and only the positive margins are normalised. The loss per entry is then
-    ``BCE_with_logits(s * (x -/+ m), y)``, the exact binary counterpart of the reference's
-    ``cross_entropy(s * output, target)``.
-
-    **The scale ``s``.** The reference multiplies every (margin-shifted) logit by ``s = 30``, but its LDAM runs
-    use a cosine classifier (``NormedLinear``, logits in ``[-1, 1]``), so ``s`` sets the softmax temperature of
-    bounded logits. The platform's heads are plain linear layers with unbounded logits: ``s`` still multiplies
-    ``x -/+ m`` exactly as in the reference, but it then also multiplies the gradient by ``s`` (an effective
-    learning-rate factor of 30 on the head) and makes the sigmoid saturate at small ``|x|``. Use a normalised
-    head with ``s = 30``, or lower ``s`` (and/or the learning rate) with a linear head. Margins are in logit
-    units either way, so ``max_m = 0.5`` is large relative to cosine logits and small relative to raw ones.
-
-    **DRW.** Before the DRW epoch (0-based, as passed to :meth:`on_epoch_start`) no weights; from it on,
-    each positive entry of class ``c`` is weighted by ``w_c = (1 - beta) / (1 - beta ** n_pos_c)``, normalised
-    to sum to ``C`` (kaidic/LDAM-DRW ``cifar_train.py``). Negative entries keep weight 1: in the reference a
-    class weight multiplies the loss of the samples *of* that class, and the multi-label analogue of "a sample
-    of class c" is a positive entry of label c. Negatives are the majority side of every label; giving them
-    effective-number weights from their large counts would mostly shrink all negatives relative to positives,
-    a change the reference never makes. The reduction does not divide by the sum of weights (the reference's weighted
-    ``cross_entropy`` does, per batch); with weights of mean 1 the scale stays comparable.
-
-    Zero-count classes: ``n_pos`` and ``n_neg`` are clamped to ``>= 1`` (finite, largest margin).
+    The per-label binary adaptation of the single-label reference, why negatives get margins but no DRW weight, and
+    why ``s = 30`` suits a cosine head but multiplies a linear head's gradient by 30: docs/losses.md, "LDAM-DRW".
 
     Args:
-        max_m: largest margin after normalisation (reference 0.5).
-        s: logit scale applied to the margin-shifted logits (reference 30; see above for linear heads).
-        drw_start: share of ``trainer.max_epochs`` trained before DRW starts (reference: epoch 160 of 200, 0.8);
-            the epoch is :func:`training.models.schedule.epoch_at_fraction` of the run's own ``max_epochs``, so
-            one setting serves a 20-epoch run (epoch 16), the default 8 (epoch 6) and a smoke run. ``None``
-            never re-weights.
-        drw_epoch: an absolute 0-based DRW epoch instead (``0`` re-weights from the start); when set it wins
-            over ``drw_start``. Kept so that configs written before ``drw_start`` (finished runs) rebuild as
-            they trained.
-        beta: effective-number parameter of the DRW weights (reference 0.9999).
-        negative_margins: also apply the negative-side margin ``m_neg`` (see above).
-        reduction: see :meth:`MultiLabelLoss.reduce`; ``mean`` over labelled entries (the reference CE is a
-            per-sample mean).
+        max_m: largest of all ``2C`` margins after normalisation (reference 0.5); margins are in logit units.
+        s: logit scale applied to the margin-shifted logits (reference 30).
+        drw_start: share of ``trainer.max_epochs`` trained before DRW starts (reference 0.8), so one setting serves
+            runs of any length; ``None`` never re-weights.
+        drw_epoch: an absolute 0-based DRW epoch instead; wins over ``drw_start``. Kept so that configs written
+            before ``drw_start`` rebuild as they trained.
+        negative_margins: also apply the negative-side margin ``m_neg``.
     """
 
     def __init__(

@@ -1,9 +1,8 @@
 """Class-statistics helpers shared by the long-tailed losses (LDAM-DRW, Distribution-Balanced).
 
-Every helper clamps counts to at least 1. A class with no positive in the training split is possible (a tiny
-development split, a label that only appears in test); an unclamped count would turn ``1 / n``, ``n ** -0.25`` or
-``log(N / n - 1)`` into inf/NaN and poison the whole batch. Clamping to 1 treats such a class as the rarest
-possible one, which is what the rebalancing methods would want anyway.
+Every helper clamps counts to at least 1: a class with no training positive is possible (a tiny split, a label
+only in test), and ``1 / n``, ``n ** -0.25`` or ``log(N / n - 1)`` would poison the batch with inf/NaN. Count 1
+treats it as the rarest class, which is what rebalancing wants anyway.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from training.losses.base import MultiLabelLoss
 def require_counts(loss: MultiLabelLoss) -> tuple[torch.Tensor, int]:
     """Return ``(class_counts (C,), n_samples)`` or fail loudly if they were never provided.
 
-    Count-dependent losses cannot fall back to a silent default (uniform counts would quietly turn LDAM into
-    plain scaled BCE), so a missing :meth:`MultiLabelLoss.set_class_counts` call is a wiring bug to surface.
+    No silent default: uniform counts would quietly turn LDAM into plain scaled BCE.
     """
     counts = getattr(loss, "class_counts", None)
     if counts is None or not hasattr(loss, "n_samples"):
@@ -37,17 +35,8 @@ def clamp_counts(counts: torch.Tensor) -> torch.Tensor:
 def effective_number_weights(counts: torch.Tensor, beta: float) -> torch.Tensor:
     """Class-balanced weights ``w_c = (1 - beta) / (1 - beta ** n_c)`` normalised to sum to ``C``.
 
-    Cui et al. 2019 ("effective number of samples"), as used by the DRW stage of LDAM-DRW
-    (kaidic/LDAM-DRW ``cifar_train.py``: beta 0.9999, ``per_cls_weights / sum * len(cls_num_list)``). Normalising
-    to sum ``C`` keeps the average class weight at 1, so switching DRW on changes the balance between classes
-    rather than the overall loss scale. ``beta = 0`` gives all-ones weights (the reference's "before DRW" branch).
-
-    Args:
-        counts: ``(C,)`` positive counts per class (clamped to >= 1 here).
-        beta: in ``[0, 1)``; closer to 1 means stronger re-weighting toward rare classes.
-
-    Returns:
-        ``(C,)`` float32 weights summing to ``C``.
+    The sum ``C`` keeps the average weight 1, so switching weights on changes the balance between classes, not the
+    loss scale (docs/losses.md, "Effective-number weights"). ``beta = 0`` gives all ones.
     """
     if not 0.0 <= beta < 1.0:
         raise ValueError(f"beta must be in [0, 1), got {beta}")
