@@ -7,8 +7,7 @@ Layout of ``out_dir``::
     clean_labels.csv     image_id + noise-free labels (the truth the images were drawn from; for noise studies)
     manifest.csv         written last, atomically: its presence means the set is complete
 
-Run ``python -m training.data.synthetic --out data/synthetic/default`` to build the default set and print its
-per-class table.
+Built on demand by ``SyntheticSource.prepare`` (training/data/sources.py).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def _code_fingerprint() -> str:
     """Short hash of the generator's own source: editing a drawing rule invalidates every cached set."""
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name not in {"grid.py", "__main__.py"}:  # presentation only, never changes the data
-            digest.update(path.name.encode() + path.read_bytes())
+        digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:10]
 
 
@@ -236,14 +234,3 @@ def _write_csv(path: Path, header, rows) -> None:
         writer.writerow(header)
         writer.writerows(rows)
     os.replace(tmp, path)
-
-
-def format_table(table: list[dict]) -> str:
-    """Per-class table (train prevalence, group, positives per split) as aligned text."""
-    lines = [f"{'finding':32s} {'train_prev':>10s} {'group':>10s} {'train':>6s} {'val':>5s} {'test':>5s}"]
-    for row in table:
-        lines.append(
-            f"{row['finding']:32s} {row['train_prevalence']:10.4f} {row['group']:>10s} "
-            f"{row['train']:6d} {row['val']:5d} {row['test']:5d}"
-        )
-    return "\n".join(lines)

@@ -1,6 +1,8 @@
 """Render a labelled sample grid of the SYNTHETIC set (for the docs and for eyeballing the drawing rules).
 
-    python -m training.data.synthetic.grid --out docs/synthetic_grid.png
+Regenerates the figure docs/data.md embeds, from the repository root::
+
+    python -m tests.bench.synthetic_grid --out docs/synthetic_grid.png
 
 Tiles are picked from a label sample so that together they show as many different findings as possible (rarest
 first), plus a few normals; each tile is annotated with its centre, view and clean findings.
