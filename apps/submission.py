@@ -1,33 +1,12 @@
 """The challenge submission: the predictions CSV in the organisers' format, the zip the challenge site asks for,
 and the validator both pass before anything is sent.
 
-Format (docs/rules.md §1): an id column (``ImageID``, as the organisers' tables name it) then one probability column
-per class, spelt and ordered as the organisers' release writes them (:mod:`evaluation.organiser_names`). A template
-fixes the rows and their order:
-
-- the organisers' test lists as released (``CXRLT_2026_TEST_ALL_TASK1.csv``: ``ImageID,StudyDate_DICOM,PatientID``
-  then 30 class columns whose headers are empty; ``..._TASK2.csv``: no class columns at all) give the ids only. The
-  class columns are the task's, in the order of the release file beside the template that names them
-  (``CXRLT_2026_training.csv``'s header for Task 1, ``Eval_Class_Task2.txt`` for Task 2), else of the organisers'
-  table. The date and patient columns are never read as classes.
-- a template with named class columns (the organisers' sample submission) is copied exactly: names, order, id
-  column. Each column is matched to a model label by the contract every reader of predictions shares
-  (:mod:`evaluation.prediction_columns`), so a spelling difference can never leave a column of zeros or shift
-  probabilities into the wrong class, and ``make score`` reads the file as it was written.
-
-Probabilities are written at full float64 precision (pandas writes the shortest text that reads back to the same
-double): rounding to a fixed number of decimals turns a confident model's small probabilities into ties at zero,
-which moves mAP.
-
-The upload is a ``.zip``: the CSV at its top level and ``code/``, "all code used for model development and
-inference" (docs/rules.md §1): the platform's source at the run's commit (``git archive``) with the run's resolved
-config and the command that made the file; when that commit cannot give the source (none recorded, a dirty tree,
-not in this repository) the working tree's tracked files stand in, and ``SOURCE.txt`` says which and why. It is
-validated as it will be read: the CSV is taken back out of the written zip, every member's CRC checked and
-``code/`` checked complete, so the file validated is the file sent.
-
-Every problem is one line naming where it is: the file and column for a header, the id for a missing, extra or
-duplicated id, the CSV line, id and column for a bad probability.
+The format, the template kinds and the zip's ``code/`` record are in docs/tuning-registry-submission.md,
+"Submission" (rules: docs/rules.md §1). Columns are matched to model labels by the shared contract
+(:mod:`evaluation.prediction_columns`), so a spelling difference can never leave a column of zeros or shift
+probabilities into the wrong class. Probabilities are written at full float64 precision: rounding turns a
+confident model's small probabilities into ties at zero, which moves mAP. The zip is validated as it will be
+read (the CSV taken back out of the written zip), so the file validated is the file sent.
 """
 
 from __future__ import annotations
@@ -290,9 +269,8 @@ def check_template(path: Path) -> tuple[str, list[str], list[str]]:
     empty; the release's date and patient columns are never among them.
 
     Raises:
-        SubmissionError: the file is missing or unreadable, a row is longer than the header, its first column is no
-            id column, it mixes named and empty class headers, a column appears twice, or an id is empty or listed
-            twice (each named by file, line and column or id).
+        SubmissionError: the file is unreadable, malformed, mixes named and empty class headers, or repeats a
+            column or an id (each named by file, line and column or id).
     """
     cells, rows = _read_rows(path)
     if not cells or id_column(cells[:1]) is None:
@@ -344,10 +322,9 @@ def _template_ids(path: Path, rows: list[tuple[int, list[str]]]) -> list[str]:
 def release_columns(labels: Sequence[str], folder: Path) -> list[str]:
     """The class columns a submission of ``labels`` holds, spelt and ordered by the release in ``folder``.
 
-    Task 1's classes follow the header of ``CXRLT_2026_training.csv`` and Task 2's the lines of
-    ``Eval_Class_Task2.txt`` when the file is in ``folder`` (the release itself decides, so an edition that
-    reorders or respells its classes is followed), else the organisers' table; any other label set keeps its own
-    order in the organisers' spelling.
+    The release file itself decides when it is in ``folder`` (Task 1: ``CXRLT_2026_training.csv``'s header, Task 2:
+    ``Eval_Class_Task2.txt``), so an edition that reorders or respells its classes is followed; else the
+    organisers' table.
 
     Raises:
         SubmissionError: the release file names a class the task does not have, or leaves one of its classes out.
@@ -421,11 +398,7 @@ def class_index(template: Template, labels: Sequence[str]) -> list[int]:
 def build_submission(template: Template, ids: Sequence[str], probs: np.ndarray, labels: Sequence[str]) -> pd.DataFrame:
     """The submission frame: the template's header and row order, float64 probabilities moved into its columns.
 
-    Args:
-        template: header and id order to produce.
-        ids: ``(N,)`` ids of the rows of ``probs``.
-        probs: ``(N, C)`` probabilities in ``labels`` order.
-        labels: the model's labels.
+    ``ids`` are the ``(N,)`` ids of the rows of ``probs``; ``probs`` is ``(N, C)`` in ``labels`` order.
     """
     position = {str(i): row for row, i in enumerate(ids)}
     missing = [i for i in template.ids if i not in position]
@@ -531,8 +504,8 @@ def write_submission(frame: pd.DataFrame, template: Template, out: Path, record:
     that failed the check.
 
     Raises:
-        SubmissionError: a problem with the frame (before anything is written) or with the written file, or an
-            ``out`` that is neither ``.csv`` nor ``.zip``, or a zip without the ``code/`` record.
+        SubmissionError: a problem with the frame or the written file, an ``out`` that is neither ``.csv`` nor
+            ``.zip``, or a zip without the ``code/`` record.
     """
     validate(frame, template)
     if out.suffix not in (".csv", ".zip"):

@@ -1,20 +1,11 @@
 """The conventions the CXR-LT 2026 paper leaves open, as the platform's named choices (docs/rules.md §13).
 
-Why a module of its own: the paper names its metrics (mAP, mAUROC, mF1, mean precision and recall at a fixed
-threshold, ECE) and its bootstrap, but not every detail that moves a figure: the threshold's value and side, the
-ECE's bins and whether the ranked ECE is a mean over classes or pooled, which AP (it cites PASCAL VOC, whose
-interpolated AP is not scikit-learn's step AP), how a pooled Task 2 test is resampled. A reader who puts a run's
-figure beside the paper's must see which reading produced it. So each choice is named here once:
-
-* :class:`Conventions` holds the configurable ones (``evaluation.threshold`` and ``evaluation.conventions.*``) and
-  turns them into the metric suite's arguments, so every metric set of a run computes with the same reading;
-* :data:`CHOICES` is the one list of the platform's own choices, metric or not; ``docs/rules.md`` §13 holds the
-  same table (a test keeps the two equal) and the report prints the rows that apply to a run;
-* :func:`alternative_metrics` computes the readings the paper's citations suggest (VOC AP, ``p > t``) with the same
-  resamples, logged as ``<set>/alternative/<name>`` and shown as labelled alternative rows, never ranked.
-
-The defaults are the figures the platform has always logged; changing one changes what ``mAP`` or ``mF1`` means in
-that run, which is why the run's figures are printed with the reading beside them.
+Why a module of its own: the paper names its metrics and its bootstrap, but not every detail that moves a
+figure (the threshold's value and side, the ECE's bins, which AP: it cites PASCAL VOC, whose interpolated AP is
+not scikit-learn's step AP). A reader who puts a run's figure beside the paper's must see which reading
+produced it. :class:`Conventions` holds the configurable ones, so every metric set of a run uses the same
+reading; :data:`CHOICES` lists every choice (docs/rules.md §13 holds the same table, a test keeps them equal);
+:func:`alternative_metrics` computes the other readings with the same resamples, shown but never ranked.
 """
 
 from __future__ import annotations
@@ -50,12 +41,9 @@ class Conventions:
     """The configurable readings of the paper's metrics; the defaults are the platform's choices.
 
     Attributes:
-        threshold: the fixed decision threshold of F1, precision and recall (``evaluation.threshold``).
         threshold_rule: ``">="`` or ``">"``: which side of ``threshold`` is positive.
-        ece_bins: equal-width bins of [0, 1] for ECE (per class and pooled).
         ap: which AP ``mAP`` is, a key of :data:`AP_TITLES`.
         unseen_pooled_bootstrap: how Task 2's pooled test is resampled, a key of :data:`UNSEEN_POOLED`.
-        alternatives: also compute and show the other readings as alternative rows.
     """
 
     threshold: float = DEFAULT_THRESHOLD
@@ -146,11 +134,8 @@ def decision_threshold(threshold: float, rule: str) -> float:
 class Alternative:
     """A reading of one figure other than the run's, computed with the same resamples.
 
-    Attributes:
-        name: key under ``<set>/alternative/`` (``mAP_voc_all``).
-        title: the row's label (``mAP as PASCAL VOC all-point interpolated AP``).
-        macro: the suite macro it is a reading of.
-        overrides: ``compute_suite`` arguments that differ from the run's.
+    ``name`` is the key under ``<set>/alternative/`` (``mAP_voc_all``); ``overrides`` are the ``compute_suite``
+    arguments that differ from the run's.
     """
 
     name: str
@@ -217,14 +202,10 @@ class Choice:
     """One convention the platform chose where the paper is silent or not specific.
 
     Attributes:
-        name: short id, grep-able (``threshold``).
-        scope: where it applies: ``metrics``, ``intervals``, ``groups``, ``perturbed``, ``heldout``, ``task2``,
-            ``training``; the report prints the scopes a run has.
+        scope: ``metrics``, ``intervals``, ``groups``, ``perturbed``, ``heldout``, ``task2`` or ``training``; the
+            report prints the scopes a run has.
         choice: what the platform does; ``{field}`` placeholders are filled from :class:`Conventions`.
-        paper: what the paper says on the matter, and what it leaves open; ``-`` where the choice rests on no
-            statement of the paper.
-        setting: the config key, or where it is fixed.
-        alternative: the other reading shown as an alternative row, or ``-``.
+        paper: what the paper says and leaves open; ``-`` where the choice rests on no statement of the paper.
     """
 
     name: str

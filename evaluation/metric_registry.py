@@ -1,20 +1,11 @@
 """Every metric the platform reports, defined once: name, per-class key, function, direction, title, tie-break place.
 
-Why one registry: the suite, the evaluation tables, the report, the LightningModule's validation metrics, the
-benchmarks and the model registry's run ranking all need the same facts about a metric (what it is called, how it is
-computed, whether lower wins, where it sits in the challenge's tie-break chain). Kept in parallel lists they drift;
-here adding a metric is one function plus one entry, and every consumer picks it up.
-
-Two registries, because the two families are computed on different data:
-
-* ``SUITE``: the multi-label challenge suite (``evaluation.suite``), computed per class on a chunk of bootstrap
-  resamples at once. A per-class entry maps a ``ClassChunk`` to one value per resample and is reported as a macro
-  mean over classes (``mAP`` from per-class ``ap``). A pooled entry (``ECE_pooled``) is a map-reduce over classes:
-  each class contributes statistics that are summed, then reduced to one value per resample.
-* ``BINARY``: the binary benchmark metrics (``apps.benchmarks.framework.metrics``), computed on one set of labels,
-  ranking scores and the model's own decisions.
-
-Both are ordered: that order is the order of the logged keys and of the tables.
+Why one registry: the suite, the tables, the report, the validation metrics, the benchmarks and the run ranking
+all need the same facts about a metric; kept in parallel lists they drift. Two registries, because the two
+families are computed on different data: ``SUITE`` (the multi-label challenge suite, per class on a chunk of
+bootstrap resamples, reported as macro means or pooled by a map-reduce over classes) and ``BINARY`` (the binary
+benchmark metrics, on one set of labels, scores and decisions). Their order is the order of the logged keys and
+of the tables.
 """
 
 from __future__ import annotations
@@ -45,14 +36,8 @@ class ClassChunk:
 
     Why an object rather than bare arguments: AP and AUROC come out of one pass over the positive tie groups
     (``ranking.ap_auroc``) and F1, precision and recall out of one confusion read; caching those here lets each be
-    its own registry entry without computing anything twice.
-
-    Attributes:
-        plan: the class's ``ClassPlan`` (built with ``threshold`` and ``val_threshold`` among its thresholds).
-        stats: ``plan.stats`` of the chunk's count vectors.
-        threshold: the fixed decision threshold (``prob >= threshold`` is positive).
-        val_threshold: the class's threshold chosen on validation, or ``None`` when none was given.
-        ap_rule: which AP ``ap`` is, a key of :data:`AP_RULES`.
+    its own registry entry without computing anything twice. ``threshold`` is positive at ``prob >= threshold``;
+    ``val_threshold`` is ``None`` when none was given.
     """
 
     plan: ClassPlan
@@ -156,15 +141,11 @@ class SuiteMetric:
     """One metric of the multi-label suite.
 
     Attributes:
-        name: the logged name: the macro mean (``"mAP"``) of a per-class metric, the value of a pooled one.
-        title: display title for tables.
         compute: per-class: ``ClassChunk -> (b,)`` value of the class in each resample (NaN = the class is left
             out of that resample's macro mean). Pooled: ``ClassChunk -> (K, b)`` statistics summed over classes.
         key: per-class key (``"ap"``, logged as ``ap/<class>``); ``None`` for a pooled metric.
         reduce: pooled only: the summed ``(K, b)`` statistics to one value per resample ``(b,)``.
-        higher_is_better: direction, for run ranking.
         tie_break: place in the challenge's tie-break chain (0 first), ``None`` when not part of it.
-        needs_val_thresholds: computed only when per-class validation thresholds are given (``*_valthr``).
     """
 
     name: str

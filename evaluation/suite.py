@@ -1,22 +1,14 @@
 """The challenge's metric suite with case-level bootstrap CIs, in one vectorised pass over chunks of resamples.
 
-Metrics (docs/rules.md §2-§3): AP, AUROC, F1/precision/recall at a fixed threshold (``prob >= t``), the same
-at per-class thresholds chosen on validation (``*_valthr``), ECE per class (15 equal-width bins by default) and
-pooled over all (image, class) pairs. The threshold rule, the bins and the AP definition are conventions the paper
-leaves open; the platform's choices and their settings are listed in :mod:`evaluation.conventions`. Macro means run over the classes with at least one labelled positive (AUROC: a positive
-and a negative); entries with target -1 are left out per class. Every macro mean gets a percentile CI from
-``n_boot`` case-level resamples (whole images drawn with replacement); within a resample a class without a
-positive (AUROC: or without a negative) is left out of that resample's mean.
+Metrics: docs/rules.md §2-§3; the readings the paper leaves open (threshold side ``prob >= t``, ECE bins, which
+AP) are named in :mod:`evaluation.conventions`. Entries with target -1 are left out per class; a class without
+a positive (AUROC: or without a negative) is left out of a macro mean, per resample too.
 
 Why it is fast: each class is sorted once; a resample is a vector of per-image counts, and every metric of the
-resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``). Per class, a
-chunk of resamples is one sparse product mapping image counts to a few segment weights (about three per positive),
-then prefix sums over those segments and fixed-position reads. Memory is bounded by the chunk size whatever
-``n_boot`` is. The per-resample, per-class values are kept, so macro CIs of any subset of classes (head-to-tail
-groups) reuse the same resamples.
-
-Which metrics: those of ``evaluation.metric_registry.SUITE``, read on every call. Each per-class entry is a function
-of one class's statistics for a chunk (``ClassChunk``), so adding a metric is one function and one registry entry.
+resampled data is a count-weighted metric on the original sorted order (``evaluation.ranking``), one sparse
+product per class and chunk. Memory is bounded by the chunk size whatever ``n_boot`` is. Per-resample values
+are kept, so macro CIs of any subset of classes reuse the same resamples. The metrics are those of
+``evaluation.metric_registry.SUITE``.
 """
 
 from __future__ import annotations
@@ -52,14 +44,11 @@ class SuiteResult:
     """Flat metrics plus the per-class point values and per-resample values behind them.
 
     Attributes:
-        metrics: flat ``{name: value}`` ready for MLflow: macro means with ``_ci_low``/``_ci_high``, ``ECE_pooled``
-            (+CI), per-class ``<metric>/<class>`` for the classes entering the macro mean, ``group/<g>/<macro>``
-            (+CI) when groups were given. Macro means over no defined class are NaN.
-        labels: class names, in column order.
+        metrics: flat ``{name: value}`` ready for MLflow (macro means with ``_ci_low``/``_ci_high``, per-class
+            ``<metric>/<class>`` for the classes entering the macro mean, ``group/<g>/<macro>``). Macro means over
+            no defined class are NaN.
         per_class: ``{metric: (C,)}`` point values, NaN where the class is undefined for that metric.
         replicates: ``{metric: (B, C)}`` values in each resample, NaN where undefined in that resample.
-        pooled_replicates: ``{name: (B,)}`` each pooled metric (``ECE_pooled``) in each resample.
-        val_thresholds: ``(C,)`` thresholds used for the ``*_valthr`` metrics, or ``None``.
     """
 
     metrics: dict[str, float]
@@ -100,10 +89,8 @@ class SuiteResult:
     def resamples_dropping_a_class(self, metric: str) -> int:
         """How many resamples left out a class that the full test set defines for ``metric``.
 
-        The challenge's rule drops a class from a resample's macro mean when the resample has no positive of it
-        (AUROC: or no negative). A resample without a rare class averages over fewer, usually easier classes, so
-        many such resamples can push the interval above its own point estimate (docs/rules.md §3). This count
-        says how often it happened.
+        A resample without a rare class averages over fewer, usually easier classes, so many such resamples can push
+        the interval above its own point estimate (docs/rules.md §3).
         """
         key = SUITE.by_key(metric).key
         if self.n_boot == 0:
@@ -234,31 +221,12 @@ def compute_suite(
 
     Args:
         targets: ``(N, C)`` in {-1, 0, 1}; -1 = not labelled, left out for that class.
-        probs: ``(N, C)`` probabilities in [0, 1].
-        labels: ``C`` class names (used in metric keys).
         n_boot: number of case-level resamples; 0 skips the CIs.
-        seed: integer seed of the resamples (``evaluation.bootstrap``).
         threshold: fixed decision threshold; positive iff ``prob >= threshold``.
-        val_thresholds: per-class thresholds chosen on validation (``evaluation.thresholds.select_thresholds``), as
-            a ``(C,)`` sequence or ``{class: threshold}``; adds the ``*_valthr`` metrics. They stay fixed across
-            resamples, so those CIs reflect test-set sampling only.
-        ci: CI coverage (0.95 -> 2.5th and 97.5th percentiles).
-        chunk: resamples per chunk (memory bound); default from ``bootstrap.auto_chunk``.
-        class_groups: ``{group: [class index or name, ...]}``; adds ``group/<g>/<macro>`` with CIs.
-        n_bins: ECE bins.
-        strata: ``(N,)`` label per image (its source); each resample then keeps every stratum's image count
-            (``evaluation.bootstrap``), e.g. a pooled internal + external test resampled within each source.
-        ap: which AP ``mAP`` and ``ap/<class>`` are: ``"step"`` (scikit-learn's), ``"voc_all"`` or ``"voc_11"``
-            (PASCAL VOC's interpolated AP, ``evaluation.ranking.interpolated_ap``).
-
-    Returns:
-        ``SuiteResult``; ``.metrics`` holds ``mAP``, ``mAUROC``, ``mF1``, ``mPrecision``, ``mRecall``, ``mECE``,
-        ``ECE_pooled`` (each with ``_ci_low``/``_ci_high`` when ``n_boot > 0``), ``*_valthr`` macros when thresholds
-        are given, and ``ap/<class>``, ``auroc/<class>``, ``f1/<class>``, ``precision/<class>``, ``recall/<class>``,
-        ``ece/<class>`` (and ``*_valthr/<class>``) for the classes entering each macro mean.
-
-    Raises:
-        ValueError: invalid inputs (see ``validate_inputs``) or arguments.
+        val_thresholds: per-class thresholds chosen on validation (``(C,)`` or ``{class: threshold}``); adds the
+            ``*_valthr`` metrics. They stay fixed across resamples, so those CIs reflect test-set sampling only.
+        strata: ``(N,)`` label per image; each resample then keeps every stratum's image count.
+        ap: ``"step"`` (scikit-learn's), ``"voc_all"`` or ``"voc_11"`` (``evaluation.ranking.interpolated_ap``).
     """
     targets, probs = validate_inputs(targets, probs, labels)
     labels = tuple(labels)

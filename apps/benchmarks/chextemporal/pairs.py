@@ -1,22 +1,11 @@
 """Prior/current image pairs with a progression label per finding: the tables of a CheXTemporal-style benchmark.
 
-A temporal benchmark asks whether a finding appeared, grew, stayed, shrank or went between two films of one
-patient. Its answers are only meaningful when the two films really are the same patient's, in the right order, and
-the label speaks the benchmark's vocabulary; a table that breaks any of this scores a model on nonsense without any
-error. So every pair table, whatever its source, passes :func:`validate_pairs`, which refuses such a table with a
-:class:`DataContractError` naming the file, the line, the column and the value.
-
-Sources, each reduced to :data:`PAIR_COLUMNS`:
-
-- a generic pair manifest (:func:`read_pair_manifest`): the core of the CheXTemporal release reader, whose column
-  names the caller maps;
-- NIH ChestX-ray14 follow-ups (:func:`nih_followup_pairs`): consecutive films of a patient, labelled from the
-  report-mined findings of each film. Those labels say only whether a finding is mentioned, not how large it is, so
-  they give the coarse classes :data:`COARSE`, never worse/improved;
-- covid-chestxray follow-ups (:func:`covid_pairs`): the change of the radiologists' mean severity score, where both
-  films have one.
-
-Ids (pairs, patients) are text throughout: a patient ``0042`` or ``313a`` must never become a number.
+A pair's answers are only meaningful when the two films really are the same patient's, in the right order, and
+the label speaks the benchmark's vocabulary; a table that breaks any of this scores a model on nonsense without
+any error. So every pair table, whatever its source (a release manifest, NIH follow-ups, covid-chestxray
+follow-ups; docs/benchmarks.md, "CheXTemporal progression"), passes :func:`validate_pairs`, which refuses it with
+a :class:`DataContractError` naming the file, line, column and value. Ids (pairs, patients) are text
+throughout: a patient ``0042`` or ``313a`` must never become a number.
 """
 
 from __future__ import annotations
@@ -86,15 +75,11 @@ def validate_pairs(
     """The pair table in canonical form, or the first broken row as a :class:`DataContractError`.
 
     Refused: an empty id or path, a film paired with itself, a duplicated ``pair_id``, a prior film later than the
-    current one (negative ``days_between``, or ``prior_time`` after ``current_time`` when both columns exist), two
-    films of different patients (``prior_patient_id`` vs ``current_patient_id`` when a reader knows them), a finding
-    outside ``findings`` (matched case-, space- and alias-insensitively and returned in the vocabulary's spelling), a
-    progression outside ``classes`` (empty = unlabelled is allowed), and, when ``root`` is given, a film that is not a
-    file under it (``root=None`` skips the disk, for tables derived before the images are at hand).
-
-    Returns:
-        A copy with :data:`PAIR_COLUMNS` first (ids and paths as text, ``days_between`` as float with NaN = unknown,
-        missing optional columns empty) and every other column kept after them.
+    current one, two films of different patients, a finding outside ``findings`` (matched case-, space- and
+    alias-insensitively, returned in the vocabulary's spelling), a progression outside ``classes`` (empty =
+    unlabelled is allowed), and, when ``root`` is given, a film that is not a file under it (``root=None`` skips
+    the disk, for tables derived before the images are at hand). :data:`PAIR_COLUMNS` come first in the copy
+    returned (``days_between`` float, NaN = unknown); other columns are kept after them.
     """
     source = str(source_file)
     require_columns(source, table, REQUIRED_PAIR_COLUMNS)
@@ -173,32 +158,12 @@ def nih_followup_pairs(
 ) -> pd.DataFrame:
     """Pairs of consecutive films of each patient, labelled :data:`COARSE` per finding from NIH's per-film labels.
 
-    Films are ordered by follow-up number (never by row order). Per finding: absent then present = ``new``, present
-    then absent = ``resolved``, present in both = ``persisting``; absent in both says nothing about progression and
-    gives no row, nor does a film whose label is blank. The labels are mined from each film's report, so a finding
-    the second report does not repeat reads as resolved: these are coarse, noisy labels for development, not a
-    reference. NIH has no dates, so ``days_between`` is empty; patients switch between PA and AP, so the views are
-    kept (``prior_view``, ``view``) for a caller that wants same-view pairs.
-
-    The order must be ``Data_Entry_2017_v2020``'s ``Follow-up #``: the 2017 numbering (the file-name suffix, and the
-    ``follow_up`` of ``nih1000/labels.csv``) is not chronological. When the table has an age column, a patient
-    younger at a later follow-up is refused (:func:`check_chronology`), which catches the 2017 numbering.
-
-    Args:
-        labels: one row per film, in the ``nih1000/labels.csv`` layout (``image``, ``patient_id``, ``follow_up``,
-            one 0/1 column per finding) or the release's ``Data_Entry`` layout (``Image Index`` -> ``images/<name>``,
-            ``Patient ID``, ``Follow-up #``, ``Finding Labels`` separated by ``|``).
-        findings: the findings to label, in the benchmark's spelling; a label column is matched to them by
-            :func:`canonical_name` (so ``Effusion`` answers ``Pleural Effusion``).
-        source: the ``source`` of every pair.
-        source_file: how errors name the table (default ``<source> labels``).
-        columns: finding -> the NIH names that answer it (``Lung Lesion``: ``Mass``, ``Nodule``, as in
-            ``label_names.CHEXPERT_OUTPUTS``); the finding is present on a film when any of them is. A finding not
-            in it is looked up under its own name.
-
-    Returns:
-        The validated pairs (not checked on disk), plus ``prior_follow_up``, ``follow_up``, ``prior_view``, ``view``.
-        ``pair_id`` is ``<prior file name>__<current file name>__<finding>``.
+    The labels are mined from each film's report, so a finding the second report does not repeat reads as
+    resolved: coarse, noisy labels for development, not a reference; absent in both gives no row. The order must
+    be ``Data_Entry_2017_v2020``'s ``Follow-up #``: the 2017 numbering (the file-name suffix) is not chronological,
+    which :func:`check_chronology` catches when there is an age column. NIH has no dates, so ``days_between`` is
+    empty; views are kept for a caller that wants same-view pairs. ``columns`` maps a finding to the NIH names that
+    answer it (``Lung Lesion``: ``Mass``, ``Nodule``); ``pair_id`` is ``<prior file>__<current file>__<finding>``.
     """
     name = source_file or f"{source} labels"
     path_column = pick_column(labels, ("path", "image", "Image Index"))
@@ -297,9 +262,8 @@ def check_chronology(
 ) -> None:
     """Refuse follow-up numbers that are not in time order: a patient younger at a later follow-up.
 
-    NIH renumbered follow-ups in ``Data_Entry_2017_v2020``: its ``Follow-up #`` is chronological (ages never
-    decrease along it, over all 112,120 films), while the 2017 numbering, which the file-name suffix keeps, is not
-    (2,034 decreases). A table carrying the 2017 numbers would silently swap prior and current films.
+    NIH renumbered follow-ups in ``Data_Entry_2017_v2020``; the 2017 numbering, which the file-name suffix keeps,
+    is not chronological, and a table carrying it would silently swap prior and current films.
     """
     rows = order["row"].to_numpy()
     same_patient = order["patient"].to_numpy()[1:] == order["patient"].to_numpy()[:-1]
@@ -326,17 +290,11 @@ def covid_pairs(
 ) -> pd.DataFrame:
     """The covid-temporal follow-up pairs, labelled worse / stable / improved from the raters' severity scores.
 
-    The label is the change of the chosen mean severity score (``opacity``: 0-8 per film, ``geographic_extent``: 0-8)
-    from the prior to the current film: above ``threshold`` = worse, below ``-threshold`` = improved, otherwise
-    stable (a change of exactly the threshold is stable). The difference is rounded to 6 decimals first, so that
-    7.3 - 6.8 lands on the boundary instead of a hair above it. Pairs whose films lack either score keep an empty
-    progression (unlabelled): only 5 of 123 pairs have both. Severity says nothing about new or resolved opacity, so
-    those classes never occur here. ``prior_offset``/``current_offset`` (days since symptom onset) are checked for
-    order as ``prior_time``/``current_time``.
-
-    Returns:
-        The validated pairs (files checked under ``root``), plus ``prior_view``, ``view``, ``prior_score``,
-        ``current_score``, ``score_diff``, ``prior_time``, ``current_time``.
+    The label is the change of the chosen mean severity score from the prior to the current film: above
+    ``threshold`` = worse, below ``-threshold`` = improved, otherwise stable (exactly the threshold is stable). The
+    difference is rounded to 6 decimals first, so that 7.3 - 6.8 lands on the boundary instead of a hair above it.
+    Pairs lacking either score stay unlabelled. Severity says nothing about new or resolved opacity, so those
+    classes never occur here.
     """
     if score not in COVID_SCORES:
         raise ValueError(f"score must be one of {', '.join(COVID_SCORES)}, got {score!r}")
@@ -371,9 +329,9 @@ def covid_pairs(
 def patient_split(pairs: pd.DataFrame, fractions: Mapping[str, float], seed: int) -> pd.DataFrame:
     """A copy with ``split`` filled so that all pairs of a patient land in one split.
 
-    Reuses :func:`training.data.splits.patient_split`: a patient's split comes from a hash of the seed and the
-    patient, so it does not depend on row order and adding pairs never moves a patient (which would leak). A patient
-    is ``(source, patient_id)`` when a ``source`` is filled: the same id in two releases is two people.
+    A patient's split comes from a hash of the seed and the patient (:func:`training.data.splits.patient_split`),
+    so adding pairs never moves a patient (which would leak). A patient is ``(source, patient_id)`` when a
+    ``source`` is filled: the same id in two releases is two people.
     """
     out = pairs.copy()
     if out.empty:
@@ -394,10 +352,9 @@ def patient_folds(pairs: pd.DataFrame, n_folds: int, seed: int) -> np.ndarray:
     """``(N,)`` cross-validation fold ``0 .. K-1`` of each labelled pair: every pair of a patient in one fold, and
     the progression classes spread over the folds as evenly as whole patients allow.
 
-    sklearn's ``StratifiedGroupKFold`` (shuffled with ``seed``) on the pairs in ``pair_id`` order, so the folds do
-    not depend on the table's row order. ``K`` is ``n_folds``, or the number of patients when there are fewer
-    (leave-one-patient-out); folds the assignment leaves empty are dropped and the rest renumbered. Stratified,
-    because a fold without a class would leave its fit unable to predict that class for reasons of chance alone.
+    sklearn's ``StratifiedGroupKFold`` on the pairs in ``pair_id`` order, so the folds do not depend on row order;
+    leave-one-patient-out when there are fewer patients than ``n_folds``. Stratified, because a fold without a
+    class would leave its fit unable to predict that class for reasons of chance alone.
     """
     if n_folds < 2:
         raise ValueError(f"cross-validation needs at least 2 folds, got {n_folds}")

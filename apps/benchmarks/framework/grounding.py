@@ -1,35 +1,12 @@
 """Grounding metrics: does a model's heatmap for a finding point at the finding's boxes?
 
-Two numbers per (image, finding) with at least one reference box, both computed on the heatmap at the size the
-boxes were moved to (the image as the model saw it):
+Pointing game (TorchRay's convention, ``torchray.benchmark.pointing_game``) and signed contrast-to-noise ratio
+(BioViL's CNR, signed as in AFLoc's code) per (image, finding) with a reference box; the rules (tolerance in
+the boxes' own frame, tied maxima, flat maps) are in docs/benchmarks.md, "NIH grounding". Both metrics are
+invariant to a positive affine rescaling, so Grad-CAM, similarity and probability maps need no normalising.
 
-- **Pointing game** (PG), TorchRay's convention (``torchray.benchmark.pointing_game``, after Zhang et al.'s
-  excitation-backprop benchmark): the heatmap's point is its maximum, and it is a hit (1, else 0) when some pixel
-  of a box of that finding lies less than ``tolerance`` pixels from it (15 px, TorchRay's default). The tolerance
-  is in pixels of the frame the boxes were drawn in (the 1024-px NIH frame), as TorchRay's is in pixels of the
-  image it annotated; on an ``S``-px heatmap it spans ``15 * S / 1024`` heatmap pixels, so the same film gets the
-  same margin whatever size a model sees it at. Distances run between pixel centres (the peak's and the box
-  pixels'), as TorchRay's do between pixel indices. **Tied maxima**: the point is the first maximum in row-major
-  order, the one ``torch.argmax`` (TorchRay) and ``np.argmax`` return. **Flat maps** (every pixel tied) point
-  nowhere, and TorchRay has no rule for them (its caller's argmax would point at the top-left pixel), so the
-  rule is the platform's and each protocol names it (:data:`FLAT_MAPS`): ``miss`` scores 0, so a map that shows
-  nothing earns nothing; ``share`` scores the share of pixels that would be hits, the expected score of a point
-  drawn at random.
-- **Contrast-to-noise ratio** (CNR, as in BioViL's grounding evaluation): ``(mean_in - mean_out) /
-  sqrt(var_in + var_out)`` of the heatmap inside vs outside the union of the finding's boxes, population variances.
-  The difference is *signed*, as in AFLoc's evaluation code: a map that is dimmer on the box than around it (an
-  inverted map) scores below 0, never as well as the correct one. A flat map (a Grad-CAM whose ReLU removed
-  everything) has no contrast: CNR 0. NaN when either side is empty, or for a noiseless step (constant inside,
-  another constant outside), whose ratio is infinite.
-
-Heatmaps are compared as they are: both metrics are invariant to a positive affine rescaling of the map, so
-Grad-CAM, similarity and probability maps can be compared without normalising them first.
-
-:func:`score_heatmaps` runs a model's heatmaps and the two floors (centre prior, seeded noise) over a list of films
-batch by batch (full-size maps of hundreds of films would not fit in memory), for every protocol that grounds.
-Grad-CAM over every film and finding is the slow part of a grounding benchmark, so the scores (and the few overlay
-examples) are kept on disk beside the embedding cache, keyed by everything they depend on (:func:`heatmap_key`): a
-rerun of ``make benchmark`` or ``make card`` on the same model and films reads them back.
+:func:`score_heatmaps` runs batch by batch (full-size maps of hundreds of films would not fit in memory), and
+keeps its scores on disk keyed by everything they depend on (:func:`heatmap_key`): Grad-CAM is the slow part.
 """
 
 from __future__ import annotations
@@ -85,8 +62,8 @@ def hit_region(boxes: Sequence[Box], size: int, tolerance: float = POINTING_TOLE
     """``(size, size)`` bool mask of the heatmap pixels a peak would hit: the pixels of ``boxes`` (:func:`box_mask`)
     and every pixel whose centre lies less than ``tolerance`` pixels of the box's own frame from one of them.
 
-    Each box is grown in its own frame (a heatmap pixel spans ``frame / size`` of its pixels along each axis), so
-    boxes drawn on frames of different sizes each keep the margin their frame means.
+    Each box is grown in its own frame, so boxes drawn on frames of different sizes each keep the margin their
+    frame means.
     """
     if tolerance < 0:
         raise ValueError(f"the pointing-game tolerance is a distance in pixels: it cannot be {tolerance}")
@@ -138,12 +115,8 @@ def grounding_scores(heatmaps: np.ndarray, boxes: Sequence[Sequence[Box]], findi
                      tolerance: float = POINTING_TOLERANCE, flat_maps: str = "share") -> np.ndarray:  # fmt: skip
     """``(N, K, 2)``: per image and finding, (pointing game, CNR); NaN where the image has no box of the finding.
 
-    Args:
-        heatmaps: ``(N, K, S, S)`` one map per image and finding, at the size the boxes are moved to.
-        boxes: per image, its reference boxes (any frame; each carries its own).
-        findings: the ``K`` findings, in the heatmaps' order.
-        tolerance: the pointing game's margin, in pixels of each box's frame (0: the peak must lie in a box).
-        flat_maps: the pointing game's rule for a flat map (:data:`FLAT_MAPS`).
+    ``heatmaps`` is ``(N, K, S, S)``, at the size the boxes are moved to; ``tolerance`` is in pixels of each box's
+    frame (0: the peak must lie in a box).
     """
     return _scores(heatmaps, _references(boxes, findings, heatmaps.shape[-1], tolerance), flat_maps)
 
@@ -206,12 +179,9 @@ def overlay_figure(images: Sequence[np.ndarray], maps: Sequence[np.ndarray], box
 class GroundedScores:
     """A model's and the floors' grounding scores on some films.
 
-    Attributes:
-        methods: ``model`` (``None`` when the model makes no heatmaps), ``centre``, ``random`` -> ``(N, K, 2)``
-            (pointing game, CNR; NaN where a film has no box of the finding).
-        flat: how many of the model's (film, finding) maps with a box are flat.
-        examples: finding -> a few overlay examples of the model's maps.
-        notes: lines for the report (how the maps were made, how many were flat).
+    ``methods`` maps ``model`` (``None`` when the model makes no heatmaps), ``centre`` and ``random`` to ``(N, K,
+    2)`` scores (pointing game, CNR; NaN where a film has no box of the finding); ``flat`` counts the model's flat
+    maps that had a box.
     """
 
     methods: dict[str, np.ndarray | None]
@@ -242,17 +212,9 @@ def score_heatmaps(encoder: Encoder, root: Path, paths: Sequence[str], boxes: Se
     """Grounding scores of the model's heatmaps and of both floors, at the model's input size.
 
     Args:
-        encoder: the model (its ``image_size`` and ``resize`` decide how the films are read).
-        root: the data root the paths are relative to.
-        paths: the films.
-        boxes: per film, its reference boxes (any frame).
-        findings: the findings (the encoder's target labels) scored on every film.
-        seed: the random floor's seed (batch ``b`` starting at film ``s`` uses ``seed + s``).
-        batch_size: films per heatmap pass.
-        examples: overlay examples kept per finding (the first films that have a finite map of it and a box).
-        tolerance: the pointing game's margin, in pixels of each box's frame (:func:`hit_region`).
+        seed: the random floor's seed (batch starting at film ``s`` uses ``seed + s``, so batching is invisible).
+        examples: overlay examples kept per finding (the first films with a finite map of it and a box).
         cache_dir: where the result is kept (:func:`heatmap_key`); ``None``: computed, never stored.
-        flat_maps: the pointing game's rule for a flat map (:data:`FLAT_MAPS`).
     """
     if flat_maps not in FLAT_MAPS:
         raise ValueError(f"flat_maps must be one of {', '.join(FLAT_MAPS)}, got {flat_maps!r}")
@@ -366,11 +328,7 @@ def grounding_table(methods: dict[str, np.ndarray | None], groups: dict[str, np.
     """Mean pointing game and CNR of each method on each group of films, with percentile intervals over resampled
     films (the same resamples for every method and group: paired).
 
-    Args:
-        methods: method -> ``(N, K, 2)`` scores (:func:`score_heatmaps`); ``None`` rows stay NaN.
-        groups: group name -> ``(N,)`` bool mask of its films (overall, a finding, a source).
-        n_boot: resamples.
-        seed: bootstrap seed.
+    ``groups`` maps a name to an ``(N,)`` bool mask of its films; ``None`` method rows stay NaN.
     """
     n = len(next(iter(groups.values())))
     resamples = resample_indices(n, n_boot, seed) if n_boot > 0 else np.empty((0, n), int)

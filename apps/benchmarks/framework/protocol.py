@@ -1,18 +1,11 @@
 """What a benchmark protocol hands the shared runner, and what it gets back: the plug-in interface.
 
 A protocol decides which items are scored (its draw), how a model's outputs become answers (its methods) and
-how answers are scored (its metrics and bootstrap); the runner (:mod:`apps.benchmarks.framework.runner`) owns
-everything that is the same for every protocol: loading the model, encoding and caching images, the bootstrap
-loop, the printed table and the MLflow run. The types are array-shaped and row-aligned with a subset's table,
-so one index array resamples every per-item field at once, whatever the task's shape:
-
-- items: one image (``images=("path",)``) or a prior/current pair (``("prior_path", "path")``);
-- targets: binary, multi-label or multi-class (one class per finding), optionally several readers' answers,
-  boxes, reference texts (captions), concept sets and a group per item (a stratum, a data source);
-- predictions: scores and decisions in the targets' shape, optionally boxes, texts and concept sets.
-
-What does not fit one table of methods by metrics (agreement tables, per-group breakdowns, figures) a protocol
-returns as :class:`Extras`, which the runner keeps and the report and MLflow run carry.
+how answers are scored (its metrics and bootstrap); the runner owns what is the same for every protocol. The
+types are array-shaped and row-aligned with a subset's table, so one index array resamples every per-item field
+at once, whatever the task's shape (one image or a prior/current pair; binary, multi-label or multi-class
+targets, with readers, boxes, texts, concepts or groups). What does not fit one table of methods by metrics a
+protocol returns as :class:`Extras`. See docs/benchmarks.md, "How a protocol plugs in".
 """
 
 from __future__ import annotations
@@ -51,20 +44,10 @@ def take(value, index: np.ndarray):
 class Box:
     """One rectangle on an image: a reference finding location (grounding) or a model's answer.
 
-    Coordinates are in pixels of a stated frame, because images reach models resized to a square: a box is only
-    meaningful next to the width and height it was drawn on (usually the stored image's). :meth:`in_frame`
-    moves it to another frame.
-
-    Attributes:
-        finding: the finding the box marks (one of :attr:`Targets.names`).
-        x: left edge, pixels from the frame's left (0 = first column).
-        y: top edge, pixels from the frame's top.
-        w: width in pixels.
-        h: height in pixels.
-        frame_width: width of the pixel frame the coordinates refer to.
-        frame_height: its height.
-        reader: who drew it (one of :attr:`Targets.readers`), ``None`` for a single reference or a model.
-        image: which image of a pair it lies on (an image column such as ``path`` or ``prior_path``).
+    Coordinates are in pixels of a stated frame (``frame_width`` x ``frame_height``), because images reach models
+    resized to a square: a box is only meaningful next to the frame it was drawn on. ``x``/``y`` are the top-left
+    corner; ``reader`` is ``None`` for a single reference or a model; ``image`` is the image column of a pair it
+    lies on.
     """
 
     finding: str
@@ -90,20 +73,12 @@ class Targets:
     """The reference answers of a subset's items, row-aligned with its table (``N`` items, ``K`` findings).
 
     Attributes:
-        kind: ``binary`` (one finding, 0/1), ``multilabel`` (``K`` findings, each 0/1) or ``multiclass`` (``K``
-            findings, each one of :attr:`classes`; ``K = 1`` for a plain multi-class task).
-        names: the findings, one per label column (``("Pneumonia",)``).
-        labels: the reference: ``(N,)`` for binary, ``(N, K)`` otherwise; 0/1, or class indices into
-            :attr:`classes`; -1 = no reference for that finding. With readers, the consensus the protocol
-            defines (e.g. their majority).
-        classes: multi-class only: the class names shared by every finding (e.g. a progression scale).
-        readers: names of the readers whose separate answers :attr:`reader_labels` holds; empty without.
+        labels: ``(N,)`` for binary, ``(N, K)`` otherwise; 0/1, or class indices into :attr:`classes`; -1 = no
+            reference for that finding. With readers, the consensus the protocol defines (e.g. their majority).
+        classes: multi-class only, shared by every finding (``K = 1`` for a plain multi-class task).
         reader_labels: ``(N, R)`` (binary) or ``(N, R, K)`` per-reader labels, coded like :attr:`labels`.
-        boxes: per item, its reference boxes (any number, possibly none), or ``None`` when the protocol has none.
-        texts: per item, its reference text (a caption), or ``None``.
-        concepts: per item, its reference concept set (e.g. UMLS CUIs), or ``None``.
-        groups: ``(N,)`` per-item group labels as text (an agreement stratum, a data source), or ``None``; they
-            travel with their items through a resample, so per-group results can be bootstrapped too.
+        groups: ``(N,)`` per-item group labels as text; they travel with their items through a resample, so
+            per-group results can be bootstrapped too.
     """
 
     kind: TargetKind
@@ -186,13 +161,10 @@ class Prediction:
     """One method's answers on the test items, row-aligned with the test table (the :class:`Targets` shapes).
 
     Attributes:
-        scores: ranking scores: ``(N,)`` binary, ``(N, K)`` multi-label, ``(N, K, C)`` multi-class class
-            probabilities; ``None`` for a method that only decides (a reader) or only writes (a captioner).
+        scores: ``(N,)`` binary, ``(N, K)`` multi-label, ``(N, K, C)`` multi-class class probabilities; ``None``
+            for a method that only decides (a reader) or only writes (a captioner).
         decisions: the method's own calls, never a threshold tuned on the test items: booleans of the scores'
-            shape (binary, multi-label) or ``(N, K)`` class indices (multi-class); ``None`` when it has none.
-        boxes: per item, the method's boxes (grounding), or ``None``.
-        texts: per item, generated text, or ``None``.
-        concepts: per item, predicted concept set, or ``None``.
+            shape, or ``(N, K)`` class indices (multi-class); ``None`` when it has none.
     """
 
     scores: np.ndarray | None = None
@@ -213,12 +185,9 @@ class Subset:
     """One drawn set of items (``train``, ``test``, ...).
 
     Attributes:
-        table: one row per item, sorted canonically (a draw is a set), logged as ``subsets/<name>.csv``: the id
-            column, the image columns and whatever else the protocol keeps (patient, label).
-        targets: the items' reference answers, row-aligned with ``table``.
-        images: the image-path columns of ``table``, relative to the data root: ``("path",)`` for one image per
-            item, ``("prior_path", "path")`` for a prior/current pair. Every column is encoded.
-        id_column: the unique item id, which the draw ranks and the fingerprint lists.
+        table: one row per item, sorted canonically (a draw is a set), logged as ``subsets/<name>.csv``.
+        images: the image-path columns of ``table``, relative to the data root (``("prior_path", "path")`` for a
+            pair); every column is encoded.
         pool: how many items it was drawn from (logged as ``<name>_pool``); ``None`` when not a draw.
     """
 
@@ -253,11 +222,10 @@ class Draw:
     """A protocol applied to one data root at one version.
 
     Attributes:
-        version: the protocol version drawn.
         subsets: name -> subset, in report order. ``test`` is the one scored; others feed the methods (the
             linear probe's training draw).
         params: facts of the draw logged as MLflow params (e.g. how many images a leakage rule removed).
-        description: report lines about the subsets (sizes, pools, exclusions, fingerprints), without bullets.
+        description: report lines about the subsets, without bullets.
     """
 
     version: str
@@ -282,12 +250,9 @@ class Draw:
 class Features:
     """The model's outputs on every image of a draw, in each subset table's row order.
 
-    Attributes:
-        encoded: ``(subset name, image column) -> Encoded``: one encoder answers every target, so each image is
-            encoded once and its zero-shot outputs hold one column per target.
-        labels: the target labels in the encoder's column order.
-        cache_dir: the runner's model-output cache, for a protocol that computes more from the model than these
-            outputs (heatmaps); ``None``: nothing is stored.
+    One encoder answers every target, so each image is encoded once and its zero-shot outputs hold one column
+    per target (``labels`` gives their order). ``cache_dir`` is the runner's model-output cache, for a protocol
+    that computes more from the model (heatmaps); ``None``: nothing is stored.
     """
 
     encoded: Mapping[tuple[str, str], Encoded]
@@ -325,9 +290,7 @@ class Outcome:
     Attributes:
         methods: method key -> its answers, or ``None`` when the model cannot do it (its table rows stay NaN,
             so every table of a protocol has the same shape). Keys match :attr:`Protocol.methods`.
-        scores: one row per test item (ids, reference, each method's score and call), logged as ``scores.csv``.
-        notes: lines for the reader (why a method is missing, whether a fit converged).
-        params: settings of the methods logged as MLflow params (e.g. the probe's regularisation).
+        scores: one row per test item, logged as ``scores.csv``.
     """
 
     methods: dict[str, Prediction | None]
@@ -346,7 +309,6 @@ class Extras:
         figures: name -> matplotlib Figure, logged as ``<name>.png`` and closed.
         sections: markdown blocks printed after the report's notes (and so logged in ``table.md``).
         metrics: extra MLflow metrics; NaN values are left out, as undefined table values are.
-        params: extra MLflow params.
     """
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
@@ -379,17 +341,8 @@ class Protocol(ABC):
 
     The YAML's ``_target_`` names the subclass and its other keys are the constructor's arguments, so a
     protocol's settings (seed, sizes, prompts) live in one reviewed file and the code holds none of them.
-
-    Args:
-        name: the benchmark's name (``NAME=``, the experiment ``benchmark-<name>``); the YAML file's stem.
-        description: one line for ``make benchmark`` without a name.
-        seed: seeds the draw, any random initialisation of the model, and the bootstrap.
-        versions: version -> the protocol's setting for it (pneumonia: test images drawn); the first is the
-            default.
-        bootstrap: a key of :data:`BOOTSTRAPS`.
-
-    Class attributes:
-        methods: method key (metric prefix ``<method>/<metric>``) -> table column title, in table order.
+    ``seed`` seeds the draw, any random initialisation of the model and the bootstrap; the first of ``versions``
+    is the default. :attr:`methods` maps a method key (metric prefix ``<method>/<metric>``) to its column title.
     """
 
     methods: ClassVar[dict[str, str]] = {}

@@ -1,20 +1,11 @@
 """Reader agreement on a multi-reader benchmark (REVEAL-CXR): Cohen's kappa against the readers' majority.
 
-A multi-reader benchmark has no ground truth beyond its readers, so its reference standard is their majority
-vote, and a model is judged the way a reader is: by its Cohen's kappa with that majority, set against the range
-of the readers' own kappas. Reads are coded 1 = present, 0 = absent, -1 = no read (left blank, hedged, or the
-study was not assigned to that reader); a pair with a -1 on either side is left out, never scored as absent.
-
-Two references are reported. ``"majority"`` is the full vote including the reader being scored, as the REVEAL
-paper does; it flatters every reader, since each one's own read pulls the vote towards it (with three readers a
-reader decides any split vote). ``"leave-one-out"`` is the majority of the *other* readers, so a reader is never
-compared with a vote containing itself -- the fair yardstick for a model, which never votes either.
-
-Confidence intervals come from a study-level bootstrap: resampling a study takes all its readers and findings,
-since reads of one study are correlated. Every row is scored on the same resamples (paired), so a model's
-interval and the readers' intervals are comparable. Kappa depends on the data only through the 2x2 table of
-counts, so a resample is its per-study multiplicities times the per-study tables -- one matrix product for all
-readers, findings and resamples, with no loop over studies.
+Reads are coded 1 = present, 0 = absent, -1 = no read; a pair with a -1 on either side is left out, never
+scored as absent. Two references: the full majority (as the REVEAL paper, which flatters every reader through
+its own vote) and leave-one-out, the fair yardstick for a model, which never votes (docs/benchmarks.md,
+"REVEAL-CXR"). Intervals come from a paired study-level bootstrap, since reads of one study are correlated.
+Kappa depends only on the 2x2 counts, so a resample is its per-study multiplicities times the per-study
+tables: one matrix product for all readers, findings and resamples.
 """
 
 from __future__ import annotations
@@ -82,8 +73,7 @@ def kappa_from_counts(counts: np.ndarray) -> np.ndarray:
     """Cohen's kappa of every 2x2 table in ``counts`` ``(..., 4)``: (0,0), (0,1), (1,0), (1,1), possibly weighted.
 
     Uses ``2 (ad - bc) / ((a + b)(b + d) + (a + c)(c + d))``, algebraically ``(po - pe) / (1 - pe)``: on integer
-    counts (multiplicity-weighted included) the denominator is exactly zero when, and only when, kappa is
-    undefined -- no pairs, or both raters constant and identical (chance agreement 1) -- so that test needs no
+    counts its denominator is exactly zero when, and only when, kappa is undefined, so that test needs no
     floating-point tolerance. Those tables give NaN.
     """
     counts = np.asarray(counts, dtype=np.float64)
@@ -182,10 +172,9 @@ def _agreement_counts(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Point-and-bootstrap 2x2 counts ``(1 + B, R + 1, K + 1, 4)`` plus blank and tie counts ``(R + 1, K + 1)``.
 
-    Index 0 of the first axis is the full sample, the rest the resamples; the last reader and finding slots hold
-    the pools over readers and over findings. ``available`` is the reference a reader would have been compared
-    with had it read (it differs from ``reference`` only for leave-one-out, whose reference is blanked where the
-    reader is), so ``n_blank`` counts the reads that were missing, not the ones that could not have counted.
+    Index 0 of the first axis is the full sample; the last reader and finding slots hold the pools. ``available``
+    is the reference a reader would have been compared with had it read (it differs from ``reference`` only for
+    leave-one-out), so ``n_blank`` counts the reads that were missing, not the ones that could not have counted.
     """
     indicator = pair_indicator(reads, reference)  # (N, R, K, 4)
     counts = np.concatenate([indicator.sum(axis=0)[None], bootstrap_counts(resamples, indicator)])
@@ -244,18 +233,12 @@ def reader_agreement(
 
     Args:
         reads: ``(N, R, K)`` reads of ``N`` studies by ``R`` readers for ``K`` findings (1 / 0 / -1).
-        readers: the ``R`` reader names.
-        findings: the ``K`` finding names.
-        resamples: ``(B, N)`` study indices, e.g. ``evaluation.bootstrap.resample_indices(N, 1000, seed)``;
-            ``None`` or ``B = 0`` for no intervals.
-        ci: interval coverage.
+        resamples: ``(B, N)`` study indices; ``None`` or ``B = 0`` for no intervals.
 
     Returns:
-        One row per reference x (readers + ``"all readers"``) x (findings + ``"overall"``): ``reference``,
-        ``reader``, ``finding``, ``n`` (pairs scored), ``kappa`` (on all studies), ``ci_low``, ``ci_high``
-        (percentiles of the resampled kappas, undefined resamples dropped), ``n_blank`` (studies the reader did
-        not read although the reference exists) and ``n_tie`` (studies the reader read but the reference is a
-        tie or missing).
+        One row per reference x (readers + ``"all readers"``) x (findings + ``"overall"``), with ``n`` (pairs
+        scored), ``kappa``, ``ci_low``/``ci_high`` (undefined resamples dropped), ``n_blank`` (reference exists, no
+        read) and ``n_tie`` (read, but the reference is a tie or missing).
     """
     reads = _check_reads(reads)
     if reads.ndim != 3:
@@ -285,17 +268,9 @@ def model_agreement(
 
     Args:
         calls: ``(N, K)`` the model's 1 / 0 calls (-1 where it gives none, counted in ``n_blank``).
-        reference: ``(N, K)`` reference standard, -1 where there is none (a tie or no read). The model is not
-            a reader, so :func:`majority` of all readers already excludes it; it is the reference to set against
-            the readers' leave-one-out kappas.
-        resamples: ``(B, N)`` study indices -- the same ones given to :func:`reader_agreement`, so the
-            intervals are paired; ``None`` for no intervals.
-        findings: the ``K`` finding names.
-        ci: interval coverage.
-
-    Returns:
-        One row per finding plus ``"overall"``: ``finding``, ``n``, ``kappa``, ``ci_low``, ``ci_high``,
-        ``n_blank``, ``n_tie``.
+        reference: ``(N, K)``, -1 where there is none. The model never votes, so :func:`majority` of all readers
+            is the reference to set against the readers' leave-one-out kappas.
+        resamples: the same ``(B, N)`` given to :func:`reader_agreement`, so the intervals are paired.
     """
     calls, reference = _check_codes(calls, "calls"), _check_codes(reference, "reference")
     if calls.ndim != 2 or calls.shape != reference.shape:
@@ -311,21 +286,9 @@ def model_agreement(
 def verdicts(model_kappa: pd.Series, readers: pd.DataFrame, reference: str = "leave-one-out") -> pd.DataFrame:
     """Whether the model's kappa falls within the individual readers' range, per finding (and overall).
 
-    The range is that of individual readers only -- the pooled ``"all readers"`` row is an average, not a
-    reader -- and readers whose kappa is undefined are ignored. The default reference is leave-one-out because
-    the model never votes: against the full majority every reader is flattered by its own vote and the model
-    is not.
-
-    Args:
-        model_kappa: the model's kappa indexed by finding (e.g. ``model_agreement(...).set_index("finding")
-            ["kappa"]``).
-        readers: :func:`reader_agreement` output.
-        reference: which reference's reader kappas to use.
-
-    Returns:
-        One row per finding: ``finding``, ``n_readers`` (readers with a defined kappa), ``reader_min``,
-        ``reader_max``, ``model``, ``verdict`` (one of :data:`VERDICTS`; ``"n/a"`` when the model's kappa or
-        every reader's is undefined).
+    The range is that of individual readers only (the pooled ``"all readers"`` row is an average, not a reader);
+    readers whose kappa is undefined are ignored. The default reference is leave-one-out because the model never
+    votes. ``verdict`` is one of :data:`VERDICTS`, ``"n/a"`` when the model's kappa or every reader's is undefined.
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
@@ -360,18 +323,9 @@ def agreement_plot(
 ):
     """Forest plot of kappa per finding: each reader with its interval, the readers' pool, and the model.
 
-    The model is drawn as a vertical segment across its finding's row (its interval shaded) so the eye reads at
-    once whether it falls inside the cloud of reader points -- the question :func:`verdicts` answers in words.
-    Built on an Agg canvas without pyplot, so no global figure state or display is involved.
-
-    Args:
-        readers_df: :func:`reader_agreement` output.
-        model_df: :func:`model_agreement` output, or ``None`` to plot the readers alone.
-        reference: which reference's rows to plot (``"majority"`` or ``"leave-one-out"``).
-        model_label: the model's name in the legend.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` with one axis; y tick labels are the findings then ``"overall"``.
+    The model is drawn as a vertical segment across its finding's row so the eye reads at once whether it falls
+    inside the cloud of reader points. Built on an Agg canvas without pyplot, so no global figure state or
+    display is involved. ``model_df`` may be ``None`` to plot the readers alone.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
