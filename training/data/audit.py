@@ -46,28 +46,16 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
     how the sources differ (:mod:`training.data.heterogeneity`).
 
     Args:
-        manifest_path: the manifest an adapter wrote.
-        root: image folder.
-        extra_columns: declared non-label columns.
-        decode: fully decode every image with training's decoder, so that what training refuses is refused
-            here; False: only each file's header, declared size and end marker (seconds instead of minutes on a
-            full release, but a DICOM without pixel data or a PNG whose pixel data is cut short passes).
-        workers: threads for the file checks.
-        size: decode size when ``decode`` (small: only readability is checked).
-        labels: a task's label columns, when one is given (``+task=<name>``): they must then be present, as
-            training requires; without a task every known finding column counts as a label.
-        vocabulary: the label names the manifest may hold (the platform's findings, plus the labels an adapter
-            declares: :func:`training.data.sources.manifest_vocabulary`).
-        patient_ids: False when the release has no patient ids (ROCOv2: each image is its own patient), so that
-            patient-disjointness cannot be checked and the report says so instead of "patient-disjoint".
-        heterogeneity: settings of the per-source report (``sample``, ``seed``, ``resolution_from``: the arguments
-            of :func:`training.data.heterogeneity.measure`); its defaults when None.
-        max_pixels: largest canvas an image may declare (``data.max_pixels``), as training refuses it.
-        image_roots: folders the paths must lie under, as training requires them to
-            (:func:`training.data.sources.image_roots`); a path outside is reported and never opened. None: paths
-            are not judged (``data.allow_outside_root=true``).
-        files_note: set by a source that has no images here (PadChest's table alone): no image is opened, the
-            files and heterogeneity sections print this note instead, and the counts come from the table.
+        decode: fully decode every image with training's decoder, so what training refuses is refused here;
+            False: only header, declared size and end marker (seconds instead of minutes on a full release, but a
+            DICOM without pixel data or a PNG cut short inside its pixel data passes).
+        labels: a task's label columns (``+task=<name>``), which must then be present as training requires;
+            without a task every known finding column counts as a label.
+        patient_ids: False when the release has none (ROCOv2), so the report says disjointness is not checkable.
+        image_roots: folders the paths must lie under, as training requires; a path outside is reported and never
+            opened. None: not judged (``data.allow_outside_root=true``).
+        files_note: set by a source with no images here (PadChest's table alone): no image is opened and the files
+            and heterogeneity sections print this note instead.
 
     Raises:
         ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).

@@ -1,21 +1,12 @@
 """The preprocessing cache: every image decoded, normalised and resized once, kept as one memory-mapped array.
 
-Decoding a 7-megapixel 16-bit PNG costs far more than a forward pass at 512 px, so a training that decodes the
-originals every epoch leaves its GPU idle. ``make prepare`` runs :meth:`PreprocessedCache.build` once; training
-then reads ``(H, W)`` uint8 rows straight from ``images.npy`` through a memory map, so even a dataset larger
-than RAM costs one page-cache read per image.
+Decoding a 7-megapixel 16-bit PNG costs far more than a forward pass at 512 px, so decoding every epoch leaves
+the GPU idle; a memory map makes even a dataset larger than RAM one page-cache read per image. ``done.npy``
+marks written rows, so a killed build resumes; ``errors.csv`` lists unreadable files.
 
-Layout of ``data/cache/prepared/<image-list fingerprint>-<size>px-<resize>-v<format>/``:
-
-* ``images.npy``: ``(N, size, size)`` uint8, rows in manifest order (the row position is the key);
-* ``done.npy``: ``(N,)`` bool, which rows are written: a killed build resumes where it stopped;
-* ``errors.csv``: every file that could not be read, with its manifest line and the reason;
-* ``meta.json``: the key, counts and timing; ``complete`` is true only when every row is written.
-
-The key is :func:`image_list_fingerprint`: the image root and the ordered (id, path) rows. Another image, path or
-order never reads a stale cache, while relabelling, re-splitting or dropping label columns (the Task 2 leak
-guard) keeps it, since the pixels are the same. Bump
-:data:`FORMAT_VERSION` whenever decoding or normalisation in :mod:`training.data.images` changes.
+The key is :func:`image_list_fingerprint` (image root and ordered (id, path) rows): another image, path or order
+never reads a stale cache, while relabelling, re-splitting or dropping label columns (the Task 2 leak guard) keeps
+it. Bump :data:`FORMAT_VERSION` whenever decoding or normalisation in :mod:`training.data.images` changes.
 """
 
 from __future__ import annotations
@@ -67,14 +58,7 @@ class BuildReport:
 
 
 class PreprocessedCache:
-    """One cache directory (see the module docstring).
-
-    Args:
-        fingerprint: :func:`image_list_fingerprint` of the manifest rows.
-        size: square side of the stored images.
-        resize: resize mode of :func:`training.data.images.read_grayscale`.
-        root: parent folder of all caches.
-    """
+    """One cache directory (see the module docstring)."""
 
     def __init__(self, fingerprint: str, size: int, resize: str, root: str | Path = CACHE_ROOT):
         self.size, self.resize = int(size), resize
@@ -105,17 +89,9 @@ class PreprocessedCache:
     ) -> BuildReport:
         """Decode every row not yet cached; resumable, parallel, with a progress bar.
 
-        Rows are decoded in chunks by a thread pool (OpenCV and zlib release the GIL, and threads avoid the
-        fork-after-OpenCV hangs of process pools). After each chunk the array is flushed *before* the row flags
-        are saved (atomically), so a kill at any moment leaves only rows that really are on disk marked done.
-
-        Args:
-            paths: absolute image paths in manifest order.
-            image_ids: ids in the same order (for the error report).
-            workers: threads; 0 means one per CPU.
-            chunk: rows between flushes.
-            progress: show a progress bar.
-            max_pixels: largest canvas decoded (``data.max_pixels``); a file declaring more is reported, not read.
+        Threads, not processes: OpenCV and zlib release the GIL, and threads avoid the fork-after-OpenCV hangs of
+        process pools. The array is flushed *before* the row flags are saved (atomically), so a kill at any moment
+        leaves only rows that really are on disk marked done. ``workers`` 0 means one per CPU.
         """
         start = time.perf_counter()
         n = len(paths)

@@ -65,29 +65,16 @@ def view_indices(values, views) -> np.ndarray:
 class ManifestDataset(Dataset):
     """Images and targets of one split, from one of three places.
 
-    * a **preprocessed cache** (``store`` plus ``positions``): rows of a memory-mapped array written by
-      ``make prepare``; nothing is decoded;
-    * **preloaded**: every image decoded once, in threads, into one ``(N, H, W)`` uint8 array; at the platform's
-      CPU sizes a split fits in tens of MB and decoding costs more than augmenting;
-    * **lazily**: decoded from the original file on every access (large sets without a cache). Every file's
-      header and end marker are checked first (:func:`training.data.images.check_file`, a few KB each), so a
-      broken or oversized file stops the command before training, not in a loader worker hours into it.
+    * a **preprocessed cache** (``store`` plus ``positions``): rows of a memory-mapped array; nothing is decoded;
+    * **preloaded**: every image decoded once into one ``(N, H, W)`` uint8 array; at the platform's CPU sizes a
+      split fits in tens of MB and decoding costs more than augmenting;
+    * **lazily**: decoded on every access. Every file is checked first (:func:`training.data.images.check_file`,
+      a few KB each), so a broken file stops the command before training, not in a loader worker hours into it.
 
     Args:
-        root: folder the paths are relative to.
-        paths: relative image paths, ``(N,)``.
         targets: ``(N, C)`` float32, -1 where a label is missing.
-        image_ids: ``(N,)`` ids carried through to predictions.
-        image_size: square side the images are resized to.
-        transform: albumentations pipeline ending in a tensor.
-        preload: decode everything up front (ignored when ``store`` is given).
-        resize: resize mode (see :mod:`training.data.images`).
-        store: ``(M, H, W)`` uint8 array holding this split's images among others (the cache), or None.
-        positions: ``(N,)`` row of each image in ``store``.
-        views: ``(N,)`` int view index per image (-1 unknown), added to each item as ``"view"``; None (models that
-            do not route) leaves the items as they were.
-        max_pixels: largest canvas decoded (``data.max_pixels``; see :mod:`training.data.images`); it travels
-            with the dataset into loader workers.
+        views: ``(N,)`` view index per image (-1 unknown), added to each item as ``"view"``; None leaves it out.
+        max_pixels: largest canvas decoded (``data.max_pixels``); it travels with the dataset into loader workers.
 
     Raises:
         ImageDecodeError: listing every file that cannot be read (preloaded: decoded; lazily: checked).
@@ -189,12 +176,10 @@ class ManifestDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> Sequence[dict]:
         """A batch's items at once (the loader's batched fetch): what ``[self[i] for i in indices]`` gives.
 
-        When the pipeline is only the normalisation (evaluation, training without augmentation) and the images are
-        in memory, it maps pixel values through a 256-entry table for the whole batch in one step and returns the
-        batch already stacked (:class:`StackedItems`, which :func:`collate_items` hands on as it is); at small image
-        sizes the per-item pipeline call, and then splitting the batch into items only for the collate function to
-        stack them again, cost more than the model's step, so the loader, not the model, set the pace. Any other
-        pipeline goes item by item.
+        When the pipeline is only the normalisation and the images are in memory, the whole batch goes through a
+        256-entry table in one step and comes back already stacked (:class:`StackedItems`): at small image sizes the
+        per-item pipeline and the unstack/restack for collation cost more than the model's step, so the loader set the
+        pace. Any other pipeline goes item by item.
         """
         table = self._pixel_table()
         if table is None or self.store is None:

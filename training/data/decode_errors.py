@@ -14,12 +14,9 @@ WORKER_PREFIX = "Caught ImageDecodeError in DataLoader worker process"
 class ImageDecodeError(UserError, OSError):
     """An image file exists but cannot be decoded; the message names the file and the reason.
 
-    A :class:`~training.errors.UserError`: a broken or hostile file is the user's to fix or drop, so every entry
-    point ends it as one line, wherever it was raised. An ``OSError`` as well, so code that treats unreadable files
-    alike (missing or undecodable) keeps catching both with one clause.
-
-    Raised in a loader worker, it reaches the training process rebuilt by PyTorch with the worker's traceback as
-    its message; the message is cut back to the worker's own, so the user still reads one line.
+    A :class:`~training.errors.UserError`, so every entry point ends it as one line; an ``OSError`` too, so code
+    that treats missing and undecodable files alike catches both with one clause. From a loader worker PyTorch
+    rebuilds it with the worker's traceback as message; that is cut back to the worker's own.
     """
 
     def __init__(self, message: str = ""):

@@ -44,24 +44,12 @@ def dicom_size(path: str | Path, dataset=None) -> tuple[int, int]:
 def read_dicom(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
     """Decode a DICOM file to a 2-D array where brighter means more attenuation.
 
-    The modality LUT (rescale slope/intercept) and then the first VOI LUT or window stored in the file are
-    applied, so the intensities are those the acquiring site chose to display. MONOCHROME1 images store
-    attenuation as dark; they are inverted so every image shares MONOCHROME2's convention (bone bright),
-    otherwise a model sees two opposite kinds of radiograph.
-
-    A file with a window (centre/width) already says how to display it: the window's output range is the
-    display range, so the result is returned as uint8 display values (the window's range onto 0..255,
-    MONOCHROME1 inverted within it) and is not stretched again. That is also what makes an 8-bit image saved as
-    DICOM with the identity window (centre 128, width 256) decode to exactly its PNG's pixels. Without a window
-    the float values of the modality LUT are returned (inverted between their own extremes for MONOCHROME1) and
-    :func:`training.data.images.to_uint8` stretches them.
-
-    The header's canvas is checked against ``max_pixels`` (None: no limit) before the pixel data is read, which
-    is deferred until then (``defer_size``), so a file declaring a huge canvas costs no more than its header.
-
-    Raises:
-        ImageDecodeError: not a DICOM file, no pixel data, an unsupported compression, truncated pixel data, a
-            header the LUTs cannot be applied with, or a canvas above ``max_pixels``.
+    Modality LUT, then the file's first VOI LUT or window, so intensities are those the site chose to display.
+    MONOCHROME1 is inverted, otherwise a model sees two opposite kinds of radiograph. A windowed file is returned
+    as uint8 display values and not stretched again (so an 8-bit image saved with the identity window decodes to
+    exactly its PNG's pixels); without a window the modality floats are returned for
+    :func:`training.data.images.to_uint8` to stretch. Pixel data is read only after the header's canvas passed
+    ``max_pixels``, so a file declaring a huge canvas costs no more than its header.
     """
     import pydicom
 

@@ -1,29 +1,13 @@
 """How the sources of a dataset differ: the per-source table the CXR-LT 2026 paper reports (docs/data.md,
 "Source heterogeneity").
 
-A model trained on several sites learns their differences as much as their findings: one site's films are larger,
-darker, more often portable (AP) or richer in some label. The report puts those differences side by side before a
-run, in ``make data-check``, and keeps them with every run (``data/heterogeneity.{md,json}``), so a result can be
-read against the data it came from. Per source (the manifest's ``source`` column; one source "all" without it):
-
-* **Images and label composition**: every row; a label's share is its positives over the source's images (an
-  unlabelled cell counts as not positive).
-* **View positions**: every row; the ``view`` column folded into PA, AP, lateral, other and unknown (empty), so
-  ``AP Supine`` and PadChest's ``AP_horizontal`` count as AP; each share is of all the source's images.
-* **Native resolution**: width and height from each file's header (PIL reads them without decoding the pixels;
-  DICOM ``Rows``/``Columns`` through pydicom), of every image by default (``resolution_from="sample"`` limits it to
-  the sample below).
-* **Grayscale mean and SD**: of a seeded sample of at most ``sample`` images per source (decoding a whole 143k
-  release would take longer than the check), decoded as training decodes them (:func:`training.data.images.decode`:
-  colour to luminance, alpha dropped, DICOM LUTs applied) but *before* training's contrast stretch, and divided by
-  the full range of the image's bit depth (8-bit by 255, 16-bit by 65535; a DICOM without a display window by its
-  stored range, :func:`training.data.dicom.window_output_range`). The SD is that of the pooled pixels of the
-  sampled images, not an average of per-image SDs, so it holds both the contrast within films and the spread
-  between them. A 12-bit image stored in 16 bits therefore looks dark here: a real difference between sources,
-  which training's per-image stretch removes.
-
-Files that cannot be read are counted and left out of the figures; ``make data-check`` names them in its own
-"files" section.
+A model trained on several sites learns their differences as much as their findings, so the report puts them side
+by side in ``make data-check`` and keeps them with every run, so a result can be read against its data.
+Grayscale mean and SD come from a seeded sample per source (decoding a whole release would outlast the check),
+decoded as training decodes but *before* its contrast stretch and divided by the bit depth's full range; the SD is
+of the pooled pixels, so it holds both the contrast within films and the spread between them. A 12-bit image
+stored in 16 bits therefore looks dark here: a real difference, which training's per-image stretch removes.
+Unreadable files are counted and left out of the figures.
 """
 
 from __future__ import annotations
@@ -195,18 +179,10 @@ def measure(table: pd.DataFrame, root: str | Path, labels: Sequence[str] = (), s
     """The report for a manifest table (see the module docstring).
 
     Args:
-        table: manifest rows: ``path`` required; ``source``, ``view`` and the ``labels`` columns used when present
-            (labels as text or as float, 1 meaning positive).
-        root: folder the paths are relative to.
-        labels: label columns whose composition is reported.
+        table: ``path`` required; ``source``, ``view`` and the ``labels`` columns used when present.
         sample: images decoded per source; None or 0: all of them.
-        seed: the sample's seed (the same images every time, whatever the global random state).
         resolution_from: ``"all"`` (every image's header) or ``"sample"`` (the decoded sample's).
-        workers: threads reading the files.
         max_pixels: largest canvas decoded (``data.max_pixels``); a file declaring more counts as unreadable.
-
-    Raises:
-        ValueError: an unknown ``resolution_from``.
     """
     if resolution_from not in ("all", "sample"):
         raise ValueError(f"heterogeneity resolution_from={resolution_from!r}: expected 'all' or 'sample'")

@@ -1,24 +1,15 @@
 """Decoding radiographs of any format and bit depth into the uint8 grayscale arrays the models see.
 
-The one path every image takes (training, the preprocessing cache, serving): decode -> grayscale ->
-intensity normalisation -> resize. Documented choices:
+The one path every image takes (training, the cache, serving): decode -> grayscale -> intensity -> resize.
 
-* **Decoding**: PNG/JPEG/TIFF/BMP through OpenCV at their native bit depth; ``.dcm`` through pydicom with the
-  modality and VOI LUTs applied and MONOCHROME1 inverted (see :mod:`training.data.dicom`). A file that is cut
-  short (a PNG without its ``IEND`` chunk, a JPEG without its end-of-image marker) is refused rather than decoded
-  into a half-grey image, which OpenCV would otherwise do with only a warning.
-* **Canvas limit**: the canvas a file declares (width x height, times frames for DICOM) is read from its header
-  and refused above ``max_pixels`` (``data.max_pixels``, :data:`MAX_PIXELS` by default) *before* anything is
-  allocated. A few KB of PNG can declare a 40,000 x 40,000 canvas: decoding it takes gigabytes in every process
-  that tries (each loader worker), and a cap inside one decoder would not cover the others (PIL's own
-  ``MAX_IMAGE_PIXELS`` only warns below twice its value, and OpenCV and pydicom decode on their own).
-* **Colour**: RGB/BGR exports are converted to luminance; an alpha channel is dropped.
-* **Intensities**: 8-bit images are kept as stored. Deeper images (16-bit PNG, DICOM) rarely use their full
-  range, so they are clipped to their 0.5th-99.5th percentiles and scaled linearly onto 0..255.
-* **Geometry**: ``pad`` (default for real data) scales the longer side to the target and pads the shorter one
-  with black, keeping the whole field and the aspect ratio; ``crop`` scales the shorter side and centre-crops;
-  ``stretch`` resizes each axis independently. Shrinking uses area interpolation, which averages rather than
-  skips pixels, so small findings are not aliased away.
+* **Truncated files** are refused, not decoded into a half-grey image (which OpenCV does with only a warning).
+* **Canvas limit**: the canvas a header declares is refused above ``max_pixels`` *before* anything is
+  allocated: a few KB of PNG can declare gigabytes in every loader worker, and no single decoder's cap covers
+  the others (PIL's only warns, OpenCV and pydicom decode on their own).
+* **Intensities**: 8-bit kept as stored; deeper images rarely use their range, so they are clipped to their
+  0.5th-99.5th percentiles and scaled onto 0..255.
+* **Geometry**: ``pad`` (real data default) keeps the whole field and aspect ratio; shrinking uses area
+  interpolation so small findings are not aliased away.
 """
 
 from __future__ import annotations
@@ -92,9 +83,6 @@ def image_format(path: Path, head: bytes) -> str:
 def declared_size(path: str | Path) -> tuple[int, int]:
     """``(width, height)`` of the canvas a file's header declares, read without decoding the pixels. For a DICOM
     the height counts every frame (``Rows`` x ``NumberOfFrames``), since pydicom decodes them all.
-
-    Raises:
-        ImageDecodeError: an unknown format, or a header its format's parser cannot read.
     """
     path = Path(path)
     if path.suffix.lower() in DECODERS:
@@ -122,11 +110,7 @@ def check_file(path: str | Path, max_pixels: int | None = MAX_PIXELS) -> str:
     canvas within ``max_pixels`` and, for PNG and JPEG, ends with its end marker. Reads a few KB whatever the
     image size.
 
-    Returns:
-        The detected format.
-
-    Raises:
-        FileNotFoundError, ImageDecodeError: as :func:`decode` would, for the problems visible from the ends.
+    Returns the detected format; raises as :func:`decode` would, for the problems visible from the ends.
     """
     path = Path(path)
     if not path.is_file():
@@ -235,10 +219,8 @@ def read_grayscale(
 ) -> np.ndarray:
     """Read one image as a ``(size, size)`` uint8 array: decode, normalise, resize (see module docstring).
 
-    Raises:
-        FileNotFoundError: the file is missing.
-        ImageDecodeError: the file cannot be decoded, or declares a canvas above ``max_pixels``.
-        KeyError: an unknown ``resize`` mode.
+    Raises ``FileNotFoundError``, ``ImageDecodeError`` (undecodable, or canvas above ``max_pixels``) or ``KeyError``
+    (an unknown ``resize`` mode).
     """
     if resize not in RESIZERS:
         raise KeyError(f"unknown resize mode {resize!r}; choose one of {sorted(RESIZERS)}")

@@ -1,27 +1,13 @@
 """MixUp (Zhang et al. 2018) and Balanced-MixUp (Galdran et al. 2021) of the training batches, for multi-label targets.
 
-Both are Lightning callbacks (``configs/mixup``) that replace a training batch's images and targets before the
-training step sees them; validation, the test phase and every later use of the model see real images only.
+Lightning callbacks that replace a training batch before the step; evaluation sees real images only.
+Balanced-MixUp's partner weight ``lam ~ Beta(alpha, 1)`` is mostly small, so the instance batch dominates and the
+tail is added as a light mix, as the authors' released code weights it; its partners come from the class-aware
+sampler so the sampler package stays the one owner of balanced draws.
 
-- **MixUp**: one ``lam ~ Beta(alpha, alpha)`` per batch and a random pairing of the batch with itself,
-  ``x = lam x_i + (1 - lam) x_j`` and the targets mixed alike.
-- **Balanced-MixUp**: the partner of each image comes from a class-balanced draw (the platform's class-aware
-  sampler, :mod:`training.samplers.class_aware`, so the sampler package stays the one owner of balanced draws), and
-  its weight is ``lam ~ Beta(alpha, 1)``: ``x = (1 - lam) x_instance + lam x_balanced``. With a small ``alpha`` the
-  weight on the balanced partner is mostly small (its mean is ``alpha / (1 + alpha)``), so the instance-based batch
-  dominates and the tail classes are added as a light mix, which is how the authors' released code weights it.
-
-Unlabelled cells: a target of -1 is "not labelled" (an empty manifest cell; see
-:class:`training.losses.base.MultiLabelLoss`). A mixed cell is labelled only when both of its sources were; otherwise
-it stays -1, so the loss's mask leaves it out instead of learning a fraction of an unknown label.
-
-Reproducibility: every random choice is a function of ``(seed, rank, epoch, batch index)`` (the mixing weights and the
-pairing) or of ``(seed, rank, epoch)`` (the balanced partners' draw and their augmentation), never of the global
-generators, which the model's dropout uses and the module checkpoints. A fit resumed from an end-of-epoch checkpoint
-therefore mixes its next epochs exactly as an uninterrupted fit does.
-
-Cost: Balanced-MixUp reads its partner images in the training process (one batch more per step). That is a table
-lookup for a preloaded split or a ``make prepare`` cache; from the original files it is one decode per image.
+A mixed cell is labelled only when both sources were; otherwise it stays -1, so the loss does not learn a
+fraction of an unknown label. Every random choice is a function of ``(seed, rank, epoch[, batch])``, never of the
+global generators (which dropout uses and checkpoints hold), so a resumed fit mixes exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -84,9 +70,8 @@ class BalancedMixUp(MixUp):
 
     Args:
         alpha: the balanced partner's weight is ``lam ~ Beta(alpha, 1)``; the authors' runs used 0.1 to 0.3.
-        partner: the sampling strategy of the partners (``ClassAwareSampling``: a class uniformly, then one of its
-            images); its draw is seeded apart from the training sampler's, so a class-aware training sampler does
-            not pair every image with itself.
+        partner: the partners' sampling strategy; seeded apart from the training sampler's, so a class-aware
+            training sampler does not pair every image with itself.
     """
 
     def __init__(self, partner: SamplingStrategy, alpha: float = 0.2):

@@ -1,10 +1,8 @@
 """The record a pseudo-labelled manifest carries beside it, and the data source that trains on one.
 
-``make pseudo-label`` (:mod:`apps.pseudo_label`) fills a manifest's unlabelled cells with a finished run's
-predictions. The manifest itself stays an ordinary one (docs/rules.md §6: 1, 0 or empty, nothing else), so any
-command reads it; which cells are pseudo-labels, from which run and at which thresholds is written next to it as
-``<manifest>.pseudo.json`` (:func:`record_path`). The record lives here, in ``training/``, because both sides need
-it: the command that writes it, and the training run (``data=pseudo_labelled``) that records its counts as tags.
+The manifest stays an ordinary one (docs/rules.md §6: 1, 0 or empty), so any command reads it; which cells are
+pseudo-labels, from which run and at which thresholds is in ``<manifest>.pseudo.json`` (:func:`record_path`).
+It lives in ``training/`` because both the writer (:mod:`apps.pseudo_label`) and the training run need it.
 """
 
 from __future__ import annotations
@@ -68,10 +66,7 @@ def cell_counts(record: dict) -> dict[str, int]:
 class PseudoLabelledSource(ManifestSource):
     """A manifest written by ``make pseudo-label``: trained on as any manifest, its record checked and counted.
 
-    Args:
-        manifest: the pseudo-labelled manifest.
-        root: image folder; default: the one the record names (where ``make pseudo-label`` read the images).
-        name: recorded as the run's data-source tag.
+    ``root`` defaults to the image folder the record names.
     """
 
     def __init__(self, manifest: str, root: str | None = None, name: str = "pseudo_labelled"):

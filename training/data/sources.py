@@ -22,14 +22,8 @@ class TaskLabelsError(UserError, ValueError):
 def task_labels(task, source) -> list[str]:
     """The label columns a task trains on: its own ``labels:`` list, or the data source's when it has none.
 
-    A task whose labels depend on the data (ROCOv2's concepts: the CUIs seen at least ``task.min_count`` times in
-    training) sets ``labels: null``; an adapter's ``labels`` (the columns it writes, in order) then become the
-    task's. The pipeline writes them into the run's config (:func:`training.pipeline.build_datamodule`), so the
-    model, the stored ``config.yaml`` and every reload of the run use that exact list.
-
-    Args:
-        task: the ``task`` config node (``labels`` a list, or None).
-        source: the data source (an adapter; the leak guard's wrapper passes ``labels`` through).
+    A task whose labels depend on the data (ROCOv2's concepts) sets ``labels: null``. The pipeline writes the
+    result into the run's config, so the model, the stored ``config.yaml`` and every reload use that exact list.
 
     Raises:
         TaskLabelsError: ``labels: null`` with a source that declares no labels (a manifest, the synthetic set).
@@ -64,13 +58,7 @@ def image_roots(source, allow_outside_root: bool = False) -> tuple[Path, ...] | 
 
 
 class ManifestSource:
-    """An existing manifest CSV, with images relative to ``root`` (default: the CSV's folder).
-
-    Args:
-        manifest: path to the manifest CSV.
-        root: image folder; defaults to the manifest's folder.
-        name: recorded as the run's data-source tag.
-    """
+    """An existing manifest CSV, with images relative to ``root`` (default: the CSV's folder)."""
 
     def __init__(self, manifest: str, root: str | None = None, name: str = "manifest"):
         self.manifest = Path(manifest)
@@ -87,11 +75,6 @@ class SyntheticSource:
 
     Keying the folder by a hash of the generator parameters lets the default set, the smoke-test set and any
     custom size live side by side: switching between them never regenerates or deletes the other.
-
-    Args:
-        root: parent folder for generated sets (git-ignored ``data/synthetic`` by default).
-        generator: keyword arguments of :func:`training.data.synthetic.generate`.
-        name: recorded as the run's data-source tag.
     """
 
     def __init__(self, root: str, generator: dict, name: str = "synthetic"):

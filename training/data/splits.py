@@ -13,14 +13,7 @@ def patient_split(patient_ids: Sequence[str], fractions: dict[str, float] | None
 
     Each patient gets a uniform number from a hash of ``(seed, patient id)``, so the assignment does not depend
     on row order and adding patients later never moves existing ones to another split (which would leak).
-
-    Args:
-        patient_ids: one per image.
-        fractions: split name to fraction of patients, in order; defaults to 70/10/20 train/val/test.
-        seed: changes the draw.
-
-    Returns:
-        ``(N,)`` array of split names.
+    ``fractions`` defaults to 70/10/20 train/val/test. Returns ``(N,)`` split names.
     """
     fractions = fractions or {"train": 0.7, "val": 0.1, "test": 0.2}
     names = list(fractions)
@@ -42,18 +35,9 @@ def stratified_patient_split(
     """Patient-disjoint split whose label proportions match across splits (iterative stratification).
 
     A random patient split of a long-tailed set can leave a rare class with no positive in validation or test;
-    iterative stratification (Sechidis et al. 2011, via ``iterstrat``) assigns patients so every split gets its
-    share of each label. Patients are the unit: a patient's label vector is the union of their images' labels,
-    and every image follows its patient.
-
-    Args:
-        patient_ids: one per image, ``(N,)``.
-        labels: ``(N, C)`` 0/1 with NaN for unlabelled (treated as negative for balancing only).
-        fractions: split name to fraction of patients, in order; must sum to 1.
-        seed: random state of the stratifier; the result does not depend on row order.
-
-    Returns:
-        ``(N,)`` array of split names.
+    iterative stratification (Sechidis et al. 2011, ``iterstrat``) gives every split its share of each label.
+    A patient's label vector is the union of their images' (NaN counts as negative for balancing only).
+    The result does not depend on row order. Returns ``(N,)`` split names.
     """
     from iterstrat.ml_stratifiers import MultilabelStratifiedShuffleSplit
 

@@ -1,14 +1,12 @@
 """Per-class targeted augmentation: extra augmentation steps only for the images of chosen findings.
 
-Why: the tail findings have a few dozen training images each, so every epoch shows the network the same few
-pictures; augmenting those images more strongly than the rest makes each repeat a new view without changing what
-the head and common classes see. The overview's Table 2 row F names "per-class targeted augmentation" (rotations
-and horizontal flips for the classes below 4,000 training images); ``configs/augment/targeted.yaml`` is that
-setting, with the classes chosen from the training split's own counts so it holds for any data set.
+Why: a tail finding has a few dozen training images, so every epoch shows the same few pictures; augmenting
+those more strongly makes each repeat a new view without changing what the head classes see. The overview's
+Table 2 row F ("per-class targeted augmentation", classes below 4,000 training images) is
+``configs/augment/targeted.yaml``, with classes chosen from the training split's own counts.
 
-The step reads the image's labels from the key :data:`CLASS_TARGETS` of the albumentations call, which the training
-dataset fills with the image's target row (1 positive, 0 negative, -1 not labelled); a call without that key (an
-evaluation transform, a bare test) leaves the image unchanged by these steps.
+The labels come from the albumentations key :data:`CLASS_TARGETS` (1 / 0 / -1 not labelled); a call without it
+(an evaluation transform) leaves the image unchanged by these steps.
 """
 
 from __future__ import annotations
@@ -31,16 +29,9 @@ CLASS_TARGETS = "class_targets"
 class ClassTargeted(A.BaseCompose):
     """Apply ``transforms`` (in order) to an image positive for any targeted class, with probability ``p``.
 
-    The targeted classes are either named (``classes``) or chosen from the training labels (``below``: every class
-    with fewer positive training images than that). The second form needs the counts, which only the data module
-    has when it builds the training split; it passes them through :func:`select_targeted_classes`.
-
-    Args:
-        transforms: albumentations steps (Hydra-instantiated from the YAML).
-        classes: finding names whose positive images get the steps; each must be one of ``labels``.
-        labels: the task's label names in column order (``${task.labels}`` in the YAML), to find the columns.
-        p: probability of applying the steps to a targeted image.
-        below: instead of ``classes``, target each class with fewer than this many positive training images.
+    Classes are named (``classes``) or chosen as those with fewer than ``below`` positive training images; the
+    second form needs counts only the data module has, passed through :func:`select_targeted_classes`.
+    ``labels`` is the task's label names in column order (``${task.labels}``).
     """
 
     def __init__(

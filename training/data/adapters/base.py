@@ -30,14 +30,7 @@ class AdapterSource:
     The manifest is written under ``out_dir`` (the project's ``data/manifests``), never next to the images: data
     roots are often read-only mounts. Its file name is keyed by the adapter, its arguments and the resolved root,
     and it is rewritten only when its content changes, so the dataset fingerprint is stable across runs.
-
-    Args:
-        root: the release's folder as downloaded.
-        name: recorded as the run's data-source tag.
-        out_dir: where manifests are written.
-        val_fraction: share of patients for validation when the release has no validation split.
-        test_fraction: share of patients for test when the release has no test split.
-        seed: seed of the stratified patient split.
+    ``val_fraction`` / ``test_fraction`` apply only when the release has no such split.
     """
 
     #: Non-label, non-metadata columns this adapter writes (declared to the manifest validator).
@@ -139,9 +132,9 @@ class AdapterSource:
 def manifest_text(table: pd.DataFrame, labels: list[str]) -> str:
     """The manifest CSV of ``table``, whose last columns are ``labels`` (1 / 0 / NaN), written as 1 / 0 / empty.
 
-    The label block is written as bytes in one array operation when it holds only 0 and 1 (every release so far,
-    and the only way a release with hundreds of label columns, ROCOv2's concepts, writes in seconds and without
-    a Python string per cell); otherwise pandas writes it from a nullable integer column. Both give the same text.
+    A 0/1-only label block is written as bytes in one array operation: the only way hundreds of label columns
+    (ROCOv2's concepts) write in seconds, without a Python string per cell. Otherwise pandas writes it; both give
+    the same text.
     """
     values = table[labels].to_numpy(dtype=np.float64)  # (N, C)
     meta = table.drop(columns=labels)

@@ -1,27 +1,12 @@
 """The CXR-LT 2026 release as the organisers ship it, read unchanged into a manifest (docs/data.md, "The CXR-LT 2026
 release"; every setting in ``configs/data/cxrlt2026.yaml``).
 
-What the folder holds and what becomes of it:
-
-- ``CXRLT_2026_training.csv``: the training images and their 30 labels, no split. Its class columns are matched to
-  the platform's classes through the organisers' table (:mod:`evaluation.organiser_names`); an unknown or missing
-  column is one line naming it. The rows are split train / val / test by patient with iterative stratification
-  (``val_fraction`` 0.1, the 2026 winner's rule; ``test_fraction`` an internal test, the platform's choice, since
-  the organisers' test labels are theirs).
-- ``Removal.csv``: images no training may use (training on them disqualifies a team). They are dropped from the
-  training rows before anything else, counted, tagged on the run and listed by ``make data-check``.
-- ``CXRLT_2026_TEST_ALL_TASK1.csv`` / ``..._TASK2.csv``: the evaluation images. Those whose file is in the folder
-  are test rows (unlabelled, so ``make submit TEMPLATE=<list>`` finds them in the run's manifest); with
-  ``eval_labels`` (tables in the release's layout labelling them, e.g. development labels) they are labelled and
-  are the test split, and no internal test is drawn. Whatever the tables say, no image of a list is trained on:
-  checked and counted.
-- Patients: the release's ``PatientID`` went through a spreadsheet (``3.24E+38``: three significant digits), so
-  one value covers many patients. With ``padchest_table`` (PadChest's own label table) the true id is recovered by
-  ``ImageID``; otherwise the lossy value is the group (over-grouping never leaks, it only coarsens the split) and
-  the run says so. The lossy value is written ``approx:<value>``, never as a number. Evaluation rows are the
-  organisers' split and are not redrawn: their patient ids carry an ``eval:`` prefix so the split check does not
-  read the organisers' choice as a leak; how many of their patients the training rows share is counted.
-- Images are found by ``ImageID`` anywhere under the root (flat, or in PadChest's numbered sub-folders).
+Contracts kept here: ``Removal.csv`` images are dropped before anything else (training on them disqualifies a
+team); no image of an evaluation list is ever trained on, whatever the tables say. The release's ``PatientID``
+went through a spreadsheet (``3.24E+38``), so one value covers many patients: with ``padchest_table`` the true id
+is recovered, otherwise the lossy value is the group (over-grouping never leaks, it only coarsens the split) and
+is written ``approx:<value>``, never as a number. Evaluation rows keep the organisers' split under an ``eval:``
+patient prefix, so the split check does not read the organisers' choice as a leak.
 """
 
 from __future__ import annotations
@@ -80,15 +65,11 @@ class CXRLT2026Source(AdapterSource):
     """The organisers' release folder as a manifest (see the module docstring).
 
     Args:
-        root: the release folder, files named as released.
         padchest_table: PadChest's own label table (or its folder) to recover true patient ids; None: the lossy
             column is used.
-        eval_labels: tables in the release's layout (``ImageID,StudyDate_DICOM,PatientID`` then class columns)
-            labelling evaluation images, relative to root or absolute.
+        eval_labels: tables in the release's layout labelling evaluation images; they become the test split.
         external: ``{root, list, labels, ...}`` of Task 2's NIH external test
             (:class:`training.data.adapters.nih_external.NIHExternal`), or None.
-        source_label: the ``source`` of the release's rows (PadChest).
-        **kwargs: see :class:`AdapterSource` (``val_fraction``, ``test_fraction``, ``seed``, ``out_dir``).
     """
 
     def __init__(self, root: str, name: str = "cxrlt2026", padchest_table: str | None = None,

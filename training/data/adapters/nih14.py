@@ -22,17 +22,9 @@ NO_FINDING = "No Finding"
 class NIH14Source(AdapterSource):
     """The release's label table as a manifest with the 14 findings plus ``No Finding``.
 
-    ``Finding Labels`` holds ``|``-separated names (``Cardiomegaly|Emphysema``) or ``No Finding``; a name outside
-    the 14 is an error naming its line. Images are found by file name anywhere under the root (the release
-    spreads them over ``images_001/images`` ... ``images_012/images``). When the release's ``test_list.txt`` is
-    present it defines the test split, and the rest is split by patient into train/val; otherwise all three
-    splits are drawn by stratified patient split.
-
-    Args:
-        root: the release folder.
-        table: label table, relative to root; default: the first ``Data_Entry_2017*.csv`` found.
-        test_list: the official test list, relative to root; used when the file exists.
-        **kwargs: see :class:`AdapterSource`.
+    A name outside the 14 is an error naming its line. When the release's ``test_list.txt`` is present it defines
+    the test split and the rest is split by patient; otherwise all three splits are drawn by stratified patient
+    split. ``table`` defaults to the first ``Data_Entry_2017*.csv`` found.
     """
 
     extra_columns = ("follow_up", "age", "sex", "finding_labels")

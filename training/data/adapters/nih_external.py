@@ -1,16 +1,10 @@
 """CXR-LT 2026 Task 2's external test: NIH ChestX-ray images, as test rows of source ``nih`` in the CXR-LT manifest.
 
-The organisers score Task 2 on an external NIH test set (79 radiologist-adjudicated images, docs/rules.md §1). Its
-images are NIH ChestX-ray14 images, so a user points at an NIH folder plus the organisers' list of those images with
-their labels (``list``: one row per image, an id column and label columns in any spelling
-:func:`training.data.label_names.canonical_name` knows). The list is what defines the set; NIH's own table
-(``labels``, ``Data_Entry_2017*.csv``) adds patient ids and fills the seen classes the list leaves out.
-
-Without the organisers' list there is a **stand-in**: every image of NIH's table, labelled from its
-``Finding Labels`` for the CXR-LT classes NIH labels too (:data:`STAND_IN`). NIH labels none of Task 2's six unseen
-findings (adenopathy, bulla, goiter, infarction, osteopenia, scoliosis), so the stand-in leaves them not labelled
-(empty, -1 in evaluation): it exercises the external pipeline and the seen classes, but it gives no unseen-class
-external figures, which is said when it is built. Data: docs/data.md, "The CXR-LT 2026 release".
+The organisers' list of those images (``list``) defines the set; NIH's own table adds patient ids and fills the
+seen classes the list leaves out. Without the list there is a **stand-in**: every image of NIH's table, labelled
+for the CXR-LT classes NIH labels too (:data:`STAND_IN`). NIH labels none of Task 2's six unseen findings, so the
+stand-in leaves them not labelled: it exercises the external pipeline and the seen classes but gives no
+unseen-class external figures, which is said when it is built. Data: docs/data.md, "The CXR-LT 2026 release".
 """
 
 from __future__ import annotations
@@ -50,13 +44,9 @@ class NIHExternal:
     """Where the external test's images and labels are (``data.source.external`` in configs/data/cxrlt2026.yaml).
 
     Args:
-        root: the NIH ChestX-ray folder; images are found by file name anywhere under it.
         list: the organisers' external test table, relative to ``root`` or absolute; None: the stand-in.
         labels: NIH's own table (``Data_Entry_2017*.csv``), relative to ``root`` or absolute; None: not used.
-        id_column: the list's image id column.
         label_map: list column -> finding name, for spellings no alias covers.
-        ignore_columns: list columns that are neither the id nor a label.
-        source: the manifest's ``source`` value of these rows.
     """
 
     root: str

@@ -1,40 +1,13 @@
 """PadChest's own label table (Bustos et al. 2020, all 160,861 rows as released) as a CXR-LT 2026 manifest.
 
-Public entry point (kept stable for other tools, e.g. a full-size rehearsal release built from it):
+Public entry points (kept stable for other tools, e.g. a full-size rehearsal release built from it):
+``PadChestSource(...).prepare()`` (``build()`` gives the rows before splits, ``summary`` what was kept out and
+why), and :func:`parse_labels` / :func:`roll_up` on a bare ``Labels`` column.
 
-- ``PadChestSource(root, table=None, ...).prepare() -> Path``: the manifest, like every adapter; ``build()`` gives
-  the rows as a DataFrame (before splits) and ``summary`` then holds what was parsed, kept out and why.
-- :func:`parse_labels` and :func:`roll_up`: the two steps on a bare ``Labels`` column, for tests and tools.
-
-What the table holds and what the adapter makes of it (docs/data.md, "PadChest's own table"). The defaults
-reproduce the images and labels of the organisers' ``CXRLT_2026_training.csv``, which is built from this same
-table, so that PadChest images added to a CXR-LT run carry the labels the challenge scores:
-
-- ``data.source.removal`` (the release folder or its ``Removal.csv``): the images the organisers forbid for
-  training (development/test images and their studies; training on them disqualifies a team) are dropped before
-  any other rule and counted, so no later choice can bring one back.
-- ``Labels`` is a Python list written as text (``"['pleural effusion', ' cardiomegaly']"``), read with
-  :func:`ast.literal_eval`; names are stripped (156 spellings carry a leading space). A row that does not parse
-  (103 in the release, all ``nan``) or whose only name is empty has no finding named: the organisers keep such an
-  image as an all-zero row, and so does ``unlabelled: zeros``; ``unlabelled: drop`` keeps it out of the manifest
-  instead. Either way it is counted, logged, listed with its line and ImageID in ``<manifest>-unlabelled.csv``
-  and printed by ``make data-check``. An empty name beside real ones is ignored and counted the same way.
-- The names are rolled up to the 30 + 6 CXR-LT 2026 classes through the one table in
-  :mod:`training.data.adapters.padchest_hierarchy` (the organisers' reading where it was observed): a class is
-  the union of its children, ``normal`` is Normal (the absence of findings never is), a name the table does not
-  list is an error naming its row. A class no PadChest name feeds (Infarction) is written empty, "not
-  labelled", never negative.
-- ``Projection`` becomes the manifest ``view`` through ``data.source.views`` (PA, AP, ``AP_horizontal`` = AP
-  supine, ``L`` = lateral, ``COSTAL`` = the rib series, ``EXCLUDE``/``UNK`` = no view); every projection is kept,
-  as the organisers keep it. A projection mapped to null is kept out and counted, one not listed is an error.
-- ``exclude`` (a study the annotators rejected) is kept, as the organisers keep it (``drop_excluded: true`` keeps
-  it out); ``suboptimal study`` is kept and flagged in the ``suboptimal`` column (``drop_suboptimal`` keeps it
-  out instead).
-- ``MethodLabel`` (a physician's labels or the RNN's, read from the report) is the ``label_method`` column, and
-  ``data.source.label_method`` = all | physician | rnn keeps one kind.
-- PadChest has no official split: every patient (``PatientID``) goes to train, val or test whole.
-- Images are optional: without any PNG under the root the manifest is "table only" and ``make data-check`` counts
-  it without opening images (and says so); training needs the images.
+The defaults reproduce the images and labels of the organisers' ``CXRLT_2026_training.csv``, built from this same
+table, so PadChest images added to a CXR-LT run carry the labels the challenge scores. ``Removal.csv`` images are
+dropped before any other rule, so no later choice can bring one back. A class no PadChest name feeds is written
+empty ("not labelled"), never negative. Every rule: docs/data.md, "PadChest's own table".
 """
 
 from __future__ import annotations
@@ -185,21 +158,14 @@ class PadChestSource(AdapterSource):
     """PadChest's released table as a manifest with the 36 CXR-LT 2026 classes (see the module docstring).
 
     Args:
-        root: folder of the table (and of the images, when present).
-        table: the label table, relative to root; default: the first ``PADCHEST_chest_x_ray_images_labels_*.csv*``.
-        image_dir: folder of the images relative to root (the release's numbered ``ImageDir`` folders sit in it).
-        image_subdirs: True: images are ``<image_dir>/<ImageDir>/<ImageID>`` as released; False: all in one folder.
+        table: relative to root; default: the first ``PADCHEST_chest_x_ray_images_labels_*.csv*``.
+        image_subdirs: True: images are ``<image_dir>/<ImageDir>/<ImageID>`` as released; False: one folder.
         views: Projection -> manifest view, None to keep that projection out; default :data:`VIEWS`.
-        label_method: ``all``, ``physician`` or ``rnn`` (:data:`LABEL_METHODS`).
-        unlabelled: ``zeros`` (a row naming no finding is an all-zero row, as in the organisers' table) or ``drop``
-            (kept out); counted and listed either way.
+        unlabelled: ``zeros`` (as in the organisers' table) or ``drop``; counted and listed either way.
         removal: the CXR-LT 2026 release folder or its ``Removal.csv`` (absolute, or relative to the working
-            directory); its ImageIDs are dropped first. None: nothing is dropped.
-        drop_excluded: keep studies labelled ``exclude`` out (counted).
-        drop_suboptimal: keep studies labelled ``suboptimal study`` out too (default: kept, flagged).
-        stratify: iterative stratification over patients (slow at this size: tens of seconds) instead of the
-            hash split of :func:`training.data.splits.patient_split` (seconds; order-independent).
-        **kwargs: see :class:`AdapterSource`.
+            directory). None: nothing is dropped.
+        stratify: iterative stratification over patients (tens of seconds at this size) instead of the
+            order-independent hash split of :func:`training.data.splits.patient_split`.
     """
 
     extra_columns = ("study_id", "projection", "label_method", "suboptimal")

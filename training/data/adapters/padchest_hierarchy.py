@@ -1,20 +1,11 @@
 """PadChest's label names rolled up to the CXR-LT 2026 classes: the one table the ``padchest`` adapter reads.
 
-PadChest (Bustos et al., Medical Image Analysis 2020) labels each report with names from a hierarchy: a parent
-such as ``fracture`` has children such as ``rib fracture`` and ``callus rib fracture``, and a report names the most
-specific term. The CXR-LT 2026 classes (docs/rules.md §1) are parents, so a class is the union of its children:
-an image is positive for ``Fracture`` when its list names any of them. A name may feed two classes (a
-hydropneumothorax is also a Pneumothorax and a Pleural Effusion, as the hierarchy nests it).
-
-The organisers built their training table (``CXRLT_2026_training.csv``) from this same PadChest table, and a model
-is scored against their reading, so where their rows show how they read a name, this table follows them (the
-entries marked "organisers"; docs/data.md lists each with what was observed). Where their rows said nothing, the
-name keeps its place in PadChest's hierarchy.
-
-Every one of the 193 names in the released table (after stripping the spaces some carry) is listed here, either
-with its classes or with ``()``: deliberately unmapped, because no CXR-LT class contains it. A name the table does
-not list is an error naming its row, so a later release's new term is decided here, never dropped by default.
-docs/data.md ("PadChest's own table") renders this table; a unit test keeps the two equal.
+A PadChest report names the most specific term of a hierarchy, and the CXR-LT 2026 classes are parents, so a class
+is the union of its children; a name may feed two classes (hydropneumothorax). Where the organisers' rows show
+how they read a name, this table follows them (entries marked "organisers"), since a model is scored against
+their reading; elsewhere PadChest's hierarchy holds. Every released name is listed, ``()`` meaning deliberately
+unmapped, so a later release's new term is an error to decide here, never dropped by default. docs/data.md
+("PadChest's own table") renders this table; a unit test keeps the two equal.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """ROCOv2 (Rückert et al., Sci Data 2024), the ImageCLEFmedical 2024 Caption data, as released.
 
-Layout: one image folder per split (``train/``, ``valid/``, ``test/`` of ``<ID>.jpg``) and one concept table per
-split (``train_concepts.csv``, ``valid_concepts.csv``, ``test_concepts.csv``; plain or gzipped), each ``ID,CUIs``
-with the image's UMLS concepts separated by ``;``; optionally ``cui_mapping.csv`` (``CUI,Canonical name``). Folder,
-table and mapping names and the image suffix are settings (``configs/data/rocov2.yaml``).
+Layout and settings: docs/concepts.md and ``configs/data/rocov2.yaml``. One 0/1 column per CUI seen at least
+``min_count`` times in training, so the label list comes from the data (a task with ``labels: null`` takes it).
+Every image's full concept set, rare CUIs included, stays in the ``concepts`` column: ImageCLEF's per-image F1
+counts the concepts a model cannot predict as missed, and thresholds are chosen against that.
 
-Concept detection is a long-tailed multi-label task: the manifest has one 0/1 column per CUI seen at least
-``min_count`` times in the training table (:attr:`ROCOv2Source.labels`, ordered by training count), so the label
-list comes from the data (a task with ``labels: null`` takes it, :func:`training.data.sources.task_labels`). Every
-image's full concept set, rare CUIs included, is kept in the ``concepts`` column: ImageCLEF's per-image F1 counts
-the concepts a model cannot predict as missed, and the thresholds are chosen against that.
-
-Splits are the release's folders (train/valid/test -> train/val/test). ROCOv2 has no patient ids: every image is
-its own patient, so patient-disjointness of the splits cannot be checked (figures from one article can sit in
-two splits), which the release's own split shares.
+ROCOv2 has no patient ids: every image is its own patient, so patient-disjointness cannot be checked (figures from
+one article can sit in two splits), which the release's own split shares.
 """
 
 from __future__ import annotations
@@ -84,13 +77,11 @@ def _text(path: Path) -> str:
 def read_concept_table(path: Path) -> ConceptTable:
     """An ``ID,CUIs`` concept table (ground truth or manual concepts), checked cell by cell.
 
-    An empty ``CUIs`` cell is an image without concepts (the release's manual tables have some). A CUI repeated
-    within one image counts once; CUIs are upper-cased.
+    An empty ``CUIs`` cell is an image without concepts; a repeated CUI counts once; CUIs are upper-cased.
 
     Raises:
-        AdapterError: the file is missing, empty or has no ``ID``/``CUIs`` header; or, listing every one with the
-            file, line and value: a malformed CUI (not ``C`` and seven digits), an empty id or one a spreadsheet
-            turned into scientific notation, a duplicated id, a row with more than two cells.
+        AdapterError: listing every bad cell with file, line and value (malformed CUI, empty id or one a spreadsheet
+            turned into scientific notation, duplicated id, extra cells), or a missing/empty/headerless file.
     """
     if not path.is_file():
         raise AdapterError(f"concept table not found: {path}")
@@ -162,13 +153,8 @@ class ROCOv2Source(AdapterSource):
     """The release as a manifest with one label per CUI seen at least ``min_count`` times in training.
 
     Args:
-        root: the release folder.
-        name: the data-source tag (also the manifest's ``source`` column).
-        min_count: a CUI becomes a label when at least this many training images carry it (the task's
-            ``task.min_count``, passed by ``configs/data/rocov2.yaml``).
         splits: manifest split -> ``{images: <folder>, concepts: <table>}`` relative to root (default
             :data:`RELEASE_SPLITS`); a table name also finds its ``.gz`` copy.
-        image_suffix: the image files' suffix (``<ID><suffix>``).
         concept_names: the CUI -> name table, relative to root; used when present (names in reports).
         **kwargs: see :class:`AdapterSource` (its split fractions are unused: the release has all three splits).
     """

@@ -39,29 +39,17 @@ class TableSource(AdapterSource):
     """A table with one row per image, an image column and 0/1 label columns.
 
     Args:
-        root: dataset folder; tables and images are relative to it.
-        table: one table for all rows, or ``{split: table}`` when the release ships one table per split (keys in
-            the release's spelling, read through ``split_names``).
-        image_column: column holding the image file (relative to ``image_dir``).
-        image_dir: folder of the images, relative to root.
+        table: one table for all rows, or ``{split: table}`` when the release ships one table per split.
         image_suffix: appended when the image column holds bare ids (``".png"``).
-        id_column: image id column; default: the image column.
-        patient_column: patient id column; without one every image counts as its own patient (logged, since
-            splits can then leak patients).
-        split_column: column with the release's split of each row (spellings in ``split_names``); rows with an
-            empty value, and all rows when there is neither such a column nor per-split tables, are split by
-            patient.
-        split_names: the release's split spelling -> manifest split (train/val/test); default :data:`SPLIT_NAMES`.
-            Compared case-, space- and hyphen-insensitively.
-        view_column: view position column, optional.
-        source_label: the centre recorded in the manifest's ``source`` column.
-        label_columns: the label columns; default: every column not named above nor in ``extra_columns`` /
-            ``ignore_columns``.
+        patient_column: without one every image counts as its own patient (logged, since splits can then leak
+            patients).
+        split_column: the release's split of each row; rows with an empty value, and all rows when there is
+            neither such a column nor per-split tables, are split by patient.
+        split_names: the release's split spelling -> manifest split; compared case-, space- and
+            hyphen-insensitively. Default :data:`SPLIT_NAMES`.
+        label_columns: default: every column not named above nor in ``extra_columns`` / ``ignore_columns``.
         label_map: table column -> finding name, for spellings no alias covers.
-        ignore_columns: columns dropped without complaint.
         keep_columns: columns copied into the manifest as they are (age, sex, ...).
-        vocabulary: finding names a label may resolve to.
-        **kwargs: see :class:`AdapterSource`.
     """
 
     def __init__(
