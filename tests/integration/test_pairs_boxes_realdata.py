@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from PIL import Image
 
 from apps.benchmarks.chextemporal.pairs import (
     COARSE,
@@ -14,7 +15,8 @@ from apps.benchmarks.chextemporal.pairs import (
     patient_split,
     validate_pairs,
 )
-from apps.benchmarks.framework.boxes import image_frames, read_nih_boxes, rescale_boxes
+from apps.benchmarks.framework.boxes import read_nih_boxes
+from apps.benchmarks.framework.protocol import Box
 from tests.conftest import shared_data
 from training.data.findings import NIH14_LABELS
 
@@ -30,13 +32,17 @@ def test_nih_boxes_read_as_published_and_fit_the_512_images():
     assert counts == {"Atelectasis": 180, "Effusion": 153, "Cardiomegaly": 146, "Infiltration": 123,
                       "Pneumonia": 120, "Pneumothorax": 98, "Mass": 85, "Nodule": 79}  # fmt: skip
     assert (boxes["frame_width"] == 1024).all() and (boxes["frame_height"] == 1024).all()
-    sizes = image_frames(root, boxes["path"])
+    sizes = {}
+    for path in boxes["path"].unique():
+        with Image.open(root / path) as image:
+            sizes[path] = image.size  # (width, height)
     assert len(sizes) == 880 and set(sizes.values()) == {(512, 512)}
-    moved = rescale_boxes(boxes, sizes)
-    assert (moved["x"] == boxes["x"] / 2).all() and (moved["h"] == boxes["h"] / 2).all()
-    assert (moved["x"] >= 0).all() and (moved["y"] >= 0).all()
-    assert (moved["x"] + moved["w"] <= moved["frame_width"]).all()
-    assert (moved["y"] + moved["h"] <= moved["frame_height"]).all()
+    for r in boxes.itertuples():
+        box = Box(r.finding, r.x, r.y, r.w, r.h, int(r.frame_width), int(r.frame_height))
+        moved = box.in_frame(*sizes[r.path])
+        assert moved.x == r.x / 2 and moved.h == r.h / 2
+        assert moved.x >= 0 and moved.y >= 0
+        assert moved.x + moved.w <= moved.frame_width and moved.y + moved.h <= moved.frame_height
 
 
 def test_nih1000_follow_up_pairs_stay_within_a_patient_and_in_time_order():

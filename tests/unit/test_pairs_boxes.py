@@ -21,13 +21,8 @@ from apps.benchmarks.chextemporal.pairs import (
     read_pair_manifest,
     validate_pairs,
 )
-from apps.benchmarks.framework.boxes import (
-    BOX_COLUMNS,
-    image_frames,
-    read_nih_boxes,
-    rescale_boxes,
-    validate_boxes,
-)
+from apps.benchmarks.framework.boxes import BOX_COLUMNS, read_nih_boxes, validate_boxes
+from apps.benchmarks.framework.protocol import Box
 
 FINDINGS = ("Pleural Effusion", "Atelectasis")
 
@@ -316,29 +311,22 @@ def test_a_box_table_without_a_column_is_named():
         validate_boxes(box_table().drop(columns="frame_height"), "boxes.csv")
 
 
-def test_boxes_in_the_1024_frame_halve_on_512_images(tmp_path):
-    png(tmp_path / "images" / "img1.png", 512, 512)
-    png(tmp_path / "images" / "img2.png", 512, 512)
-    boxes = validate_boxes(box_table(), "boxes.csv")
-    sizes = image_frames(tmp_path, boxes["path"])
-    assert sizes == {"images/img1.png": (512, 512), "images/img2.png": (512, 512)}
-    moved = rescale_boxes(boxes, sizes)
-    assert moved[["x", "y", "w", "h"]].iloc[0].tolist() == [50.0, 100.0, 25.0, 30.0]
-    assert moved["frame_width"].tolist() == [512, 512] and boxes["x"].iloc[0] == 100.0  # the input is untouched
+def boxes_of(table: pd.DataFrame) -> list[Box]:
+    """The benchmark's boxes of a checked table, built as apps/benchmarks/nih_grounding.py builds them."""
+    return [Box(r.finding, float(r.x), float(r.y), float(r.w), float(r.h), int(r.frame_width), int(r.frame_height))
+            for r in table.itertuples()]  # fmt: skip
 
 
-def test_image_frames_are_width_by_height_and_missing_images_are_named(tmp_path):
-    png(tmp_path / "wide.png", 40, 30)
-    assert image_frames(tmp_path, ["wide.png"]) == {"wide.png": (40, 30)}
-    with pytest.raises(DataContractError, match=r"gone.png: image file not found"):
-        image_frames(tmp_path, ["wide.png", "gone.png"])
+def test_boxes_in_the_1024_frame_halve_on_512_images():
     boxes = validate_boxes(box_table(), "boxes.csv")
-    with pytest.raises(DataContractError, match=r"boxes line 2, column path: 'images/img1.png' has no stored"):
-        rescale_boxes(boxes, {})
-    with pytest.raises(DataContractError, match=r"stored 512 x 400, not the shape of its box frame 1024 x 1024"):
-        rescale_boxes(boxes, {"images/img1.png": (512, 400), "images/img2.png": (512, 400)})
-    stretched = rescale_boxes(boxes, {"images/img1.png": (512, 400), "images/img2.png": (512, 400)}, True)
-    assert stretched["y"].iloc[0] == pytest.approx(200 * 400 / 1024)
+    moved = boxes_of(boxes)[0].in_frame(512, 512)
+    assert (moved.x, moved.y, moved.w, moved.h) == (50.0, 100.0, 25.0, 30.0)
+    assert (moved.frame_width, moved.frame_height) == (512, 512) and boxes["x"].iloc[0] == 100.0  # input untouched
+
+
+def test_a_stretched_copy_scales_each_axis_on_its_own():
+    moved = boxes_of(validate_boxes(box_table(), "boxes.csv"))[0].in_frame(512, 400)
+    assert moved.x == 50.0 and moved.y == pytest.approx(200 * 400 / 1024)
 
 
 BBOX_HEADER = "Image Index,Finding Label,Bbox [x,y,w,h],,,\n"

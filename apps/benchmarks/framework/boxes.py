@@ -3,8 +3,8 @@
 A box is only meaningful next to the width and height it was drawn on: NIH drew its boxes on the 1024 px release
 PNGs, while the copies a benchmark reads may be 512 px. A box read in the wrong frame still looks like a box and
 silently scores every localisation as a miss, so every box table carries its frame (``frame_width``,
-``frame_height``), is checked against it by :func:`validate_boxes`, and is moved onto the stored images by
-:func:`rescale_boxes` (each axis scaled on its own, as ``Box.in_frame`` of the benchmark layer does). Errors are a
+``frame_height``), is checked against it by :func:`validate_boxes`, and is moved to the size a model sees by
+``Box.in_frame`` of the benchmark layer (each axis scaled on its own). Errors are a
 :class:`~apps.benchmarks.framework.tables.DataContractError` naming the file, line, column and value.
 
 ``correspondence_id`` links boxes of one lesion across the prior and current film of a pair (CheXTemporal-style
@@ -13,7 +13,7 @@ grounding); it is empty when a box has no counterpart.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +43,6 @@ EDGE_TOLERANCE = 1.0
 NIH_BOX_FRAME: tuple[int, int] = (1024, 1024)
 #: Box-file spelling -> the NIH label table's spelling of the same finding.
 NIH_BOX_SPELLING: dict[str, str] = {"Infiltrate": "Infiltration"}
-#: Largest relative change of aspect ratio :func:`rescale_boxes` accepts without being told the images were
-#: stretched: a padded or cropped copy would need an offset that per-axis scaling does not apply.
-ASPECT_TOLERANCE = 0.01
 
 
 def validate_boxes(table: pd.DataFrame, source: str, findings: Sequence[str] | None = None) -> pd.DataFrame:
@@ -147,71 +144,6 @@ def read_nih_boxes(root: Path) -> pd.DataFrame:
     table["original_height"] = matched["original_height"].to_numpy()
     vocabulary = [name for name in NIH14_LABELS if name != "No Finding"]
     return validate_boxes(table, str(box_path), vocabulary)
-
-
-def image_size(path: Path) -> tuple[int, int]:
-    """``(width, height)`` of a stored image from its header, without decoding the pixels."""
-    if path.suffix.lower() in (".dcm", ".dicom"):
-        import pydicom
-
-        dataset = pydicom.dcmread(path, stop_before_pixels=True)
-        return int(dataset.Columns), int(dataset.Rows)
-    from PIL import Image
-
-    with Image.open(path) as opened:
-        return opened.size
-
-
-def image_frames(root: Path, paths: Iterable[str]) -> dict[str, tuple[int, int]]:
-    """Path -> ``(width, height)`` of each stored image under ``root`` (headers only: cheap for a whole release).
-
-    A missing or unreadable file is a :class:`DataContractError` naming it.
-    """
-    root = Path(root)
-    sizes: dict[str, tuple[int, int]] = {}
-    for rel in dict.fromkeys(str(p) for p in paths):
-        path = root / rel
-        if not path.is_file():
-            raise DataContractError(f"{path}: image file not found (path {rel!r} of the box table, under {root})")
-        try:
-            sizes[rel] = image_size(path)
-        except Exception as error:  # PIL and pydicom raise many types for a file that is not an image
-            raise DataContractError(f"{path}: cannot read the image size ({error})") from error
-    return sizes
-
-
-def rescale_boxes(
-    table: pd.DataFrame, sizes: Mapping[str, tuple[int, int]], allow_aspect_change: bool = False, source: str = "boxes"
-) -> pd.DataFrame:
-    """The boxes in each image's stored frame: every coordinate times stored size / frame size, per axis.
-
-    A box in the 1024 frame on a 512 px image has every coordinate halved. Per-axis scaling is right for a resized
-    (stretched) copy; when the aspect ratio changes by more than :data:`ASPECT_TOLERANCE` the copy may instead be
-    padded or cropped, which needs an offset, so that is an error unless ``allow_aspect_change`` says the images
-    were stretched. An image missing from ``sizes`` is an error naming the box's line.
-    """
-    out = table.copy()
-    paths = as_text(out["path"])
-    known = paths.isin(list(sizes)).to_numpy()
-    first_bad(source, out, ~known, "path", "{value} has no stored image size (not among the images read)")
-    width = paths.map(lambda p: sizes[p][0]).to_numpy(dtype=float)
-    height = paths.map(lambda p: sizes[p][1]).to_numpy(dtype=float)
-    frame_w = out["frame_width"].to_numpy(dtype=float)
-    frame_h = out["frame_height"].to_numpy(dtype=float)
-    sx, sy = width / frame_w, height / frame_h
-    if not allow_aspect_change:
-        changed = np.abs(sx / sy - 1) > ASPECT_TOLERANCE
-        if changed.any():
-            p = int(np.flatnonzero(changed)[0])
-            raise DataContractError(
-                f"{source} line {line_of(out, p)}, column path: {paths.iloc[p]!r} is stored {width[p]:g} x "
-                f"{height[p]:g}, not the shape of its box frame {frame_w[p]:g} x {frame_h[p]:g}: a padded or "
-                f"cropped copy cannot be reached by scaling (pass allow_aspect_change=True for a stretched copy)"
-            )
-    for column, scale in (("x", sx), ("w", sx), ("y", sy), ("h", sy)):
-        out[column] = out[column].to_numpy(dtype=float) * scale
-    out["frame_width"], out["frame_height"] = width.astype(int), height.astype(int)
-    return out
 
 
 #: Findings CheXTemporal draws no boxes for (a diffuse finding has no region).
