@@ -1,33 +1,14 @@
 """A finished run as a scorer of image files, and the MLflow pyfunc that carries it into the registry.
 
-The registered model holds everything scoring needs, so ``mlflow models serve -m models:/cxrlt-task1@champion``
-works without the run's config or data: the network weights (from the run's best checkpoint, loaded with
-``weights_only=True``), the preprocessing (image size; decoding with the training code's
-:func:`training.data.images.read_grayscale` and the evaluation transform of
-:func:`training.data.transforms.build_transform`), the label names and the per-class thresholds chosen on the
-run's validation predictions.
-
-Requests are a DataFrame with one image per row, either ``image_b64`` (the file's bytes, base64-encoded) or
-``image`` (a path on the server); the answer has one probability column per label::
-
-    {"dataframe_split": {"columns": ["image_b64"], "data": [["iVBORw0KGgo..."]]}}
-
-A path is opened only under the image root the server was started with (``make serve IMAGE_ROOT=<folder>``, which
-loads the pyfunc with ``model_config={"image_root": ...}``, as one may in Python): it is
-resolved (links and ``..`` included) and refused outside that folder. Without a root the server opens no file a
-request names, so a model served beyond one's own machine reads only the bytes it is sent.
-
-A request the model cannot read is answered with HTTP 400 and its cause in one line (the row, the column, what is
-wrong): the pyfunc raises MLflow's ``INVALID_PARAMETER_VALUE``, which the scoring server returns as it is, where
-any other exception became a generic "unexpected error" with the cause buried in its stack trace.
-
-A zero-shot run (``task.unseen``, an adapter from ``configs/adapter``) is served with its seen *and* unseen
-classes, the unseen ones scored by the transfer its checkpoint chose on validation; its submissions default to
-the unseen columns, which is what CXR-LT Task 2 asks for.
-
-The code is the installed ``cxrlt-lab`` package's, never the store's: ``make serve`` saves the pyfunc afresh from
-the installed ``apps/pyfunc_model.py`` around the stored weights and spec (:mod:`apps.serve`), so code written into
-a shared store does not run on the serving host.
+The registered model holds everything scoring needs (weights loaded with ``weights_only=True``, the training
+code's decoding and evaluation transform, label names, validation thresholds), so ``mlflow models serve``
+works without the run's config or data. Requests, the ``image_root`` rule and errors are in
+docs/tuning-registry-submission.md, "Serving": a path is opened only under the configured image root, so a
+model served beyond one's machine reads only the bytes it is sent; an unreadable request raises MLflow's
+``INVALID_PARAMETER_VALUE`` so the server answers HTTP 400 with the cause rather than a generic error. The code
+is the installed package's, never the store's (:mod:`apps.serve`), so code written into a shared store does not
+run on the serving host. A zero-shot run is served with its seen *and* unseen classes; its submissions default
+to the unseen columns, which is what CXR-LT Task 2 asks for.
 """
 
 from __future__ import annotations
@@ -204,9 +185,7 @@ def decode_request(frame: pd.DataFrame, size: int, resize: str = "stretch", imag
         image_root: the folder ``image`` paths must lie under; None: no path is opened (``image_b64`` only).
 
     Raises:
-        RequestError: no image column (the columns sent are named), a row without an image, a path outside the
-            image root, an unreadable file, or bytes that are not base64 / an image; the message names the row and
-            column.
+        RequestError: the message names the row and column (or the columns sent, when none is an image column).
     """
     columns = [c for c in REQUEST_COLUMNS if c in frame]
     if not columns:

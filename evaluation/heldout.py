@@ -1,18 +1,12 @@
 """Held-out stability subsets: a fixed, seeded sample of one split judged with the test protocol (docs/rules.md §10).
 
-The CXR-LT 2026 organisers evaluated every model a second time on a small held-out subset (Task 1: 300 cases from
-the training data; Task 2: 200 from the development set) to see whether a ranking survives a change of images.
-The platform draws the same kind of subset from ``evaluation.heldout.split`` and scores it with the metric suite,
-bootstrap and head-to-tail groups of ``test/`` (logged as ``heldout/...``), so a run can be read beside the
-organisers' stability table.
+The organisers evaluated every model a second time on a small held-out subset to see whether a ranking survives
+a change of images; the platform draws the same kind of subset and scores it like ``test/`` (``heldout/...``).
 
 Why the draw sorts the image ids first: the subset then depends only on which images the split holds and the
-seed, not on the manifest's row order, so two copies of the same release (or a manifest rebuilt by another
-adapter) draw the same cases.
-
-Why the subset says whether the model saw it: cases from the training split were fitted, and cases from the
-validation split chose the checkpoint. Both make the numbers optimistic; the report, the terminal and a run tag
-say so rather than leaving the reader to remember where the cases came from.
+seed, not on the manifest's row order, so two copies of the same release draw the same cases. Why the subset
+says whether the model saw it: training cases were fitted and validation cases chose the checkpoint, both
+making the numbers optimistic; the report, terminal and a run tag say so.
 """
 
 from __future__ import annotations
@@ -45,17 +39,12 @@ class HeldoutDraw:
     """Which cases a held-out subset holds and what the model knew of them.
 
     Attributes:
-        split: the manifest split the cases come from.
-        seed: the seed of the draw.
-        requested: the configured size.
         available: how many images the draw was taken among (the split after any ``data.subset`` cut, or its
             ``pool``).
         rows: positions of the drawn cases in the split's dataset, in sorted-image-id order.
-        image_ids: their image ids, same order.
-        pool: which of the split's rows the draw was taken among, where not all (``rows labelled for an unseen
-            class``); empty for all of them.
+        pool: which of the split's rows the draw was taken among, where not all; empty for all of them.
         released_differs: drawn rows whose labels as released (what they are scored on) differ from the targets
-            training used (``Normal`` masked on a row without a finding, docs/rules.md §12).
+            training used (docs/rules.md §12).
     """
 
     split: str
@@ -132,10 +121,9 @@ def draw_rows(image_ids: Sequence[str], size: int, seed: int) -> np.ndarray:
 def evaluate_heldout(model, datamodule, cfg, evaluation: Evaluation) -> HeldoutSet | None:
     """Draw the configured subset and judge ``model`` on it with the test protocol; None when switched off.
 
-    Same suite, conventions, resamples, seed, fixed threshold and head-to-tail groups as ``test/``, logged like
-    ``test_tta/``: macros with CIs and groups, per-class AP in the per-class table. Per source (bootstrap within each
-    centre) when the subset mixes centres, as ``test/source/`` does. The cases are scored on the labels as released
-    (``datamodule.released_targets``), as a test case is, not on the training targets a train-split case carries.
+    Same suite, conventions, resamples, threshold and groups as ``test/``; per source when the subset mixes
+    centres. The cases are scored on the labels as released (``datamodule.released_targets``), as a test case is,
+    not on the training targets a train-split case carries.
     """
     spec = cfg.evaluation.get("heldout")
     if spec is None or not spec.get("enabled", False):
@@ -226,19 +214,9 @@ class UnseenHeldout:
 def draw_unseen(scorer, datamodule, cfg, unseen: Sequence[str]) -> UnseenHeldout | None:
     """Draw the configured held-out subset from the split as released and predict its unseen classes.
 
-    The organisers scored Task 2's stability draw (200 of the development set) on the six unseen findings, so the
-    draw is taken from the full manifest's split (``datamodule.unseen_split``): a training rule that sets images
-    aside from training and validation must not take them out of an evaluation. And only among the split's rows
-    that carry a label of an unseen class: Task 2's development set is the images labelled for those findings, and
-    a row without any such label adds nothing to the figures but takes a place among the 200 (a release whose
-    training rows carry only the seen labels would otherwise draw 200 unlabelled cases). None when the subset is
-    switched off.
-
-    Args:
-        scorer: maps ``(B, 1, H, W)`` images to the ``(B, U)`` unseen logits (``evaluation.unseen.UnseenScorer``).
-        datamodule: the run's data module (``unseen_split``, ``batch_size``).
-        cfg: the run's config (``evaluation.heldout``).
-        unseen: the unseen class names, the target columns.
+    The draw is taken from the full manifest's split (``datamodule.unseen_split``): a training rule that sets images
+    aside must not take them out of an evaluation. And only among rows that carry a label of an unseen class: a row
+    without one adds nothing to the figures but takes a place in the draw. None when the subset is switched off.
 
     Raises:
         ValueError: the full manifest has no row of the split, or none of its rows carries an unseen-class label.

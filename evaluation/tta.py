@@ -2,16 +2,11 @@
 
 TTA is reported on its own (``test_tta/...``), never mixed into the plain or perturbed reports (docs/rules.md §4).
 
-Views operate on batches that are already normalised ``(B, 1, H, W)`` float tensors, as the project's
-DataLoader yields them, so TTA needs no second data pipeline and runs on the model's device. Wherever a view
-uncovers area outside the image it fills it with the *normalised* value of black, ``(0 - mean) / std``: the
-value a black pixel has after ``build_transform``, the same border the training affine (``border_mode: 0``) and
-the perturbed set use. Filling with 0.0 would instead paint a mid-grey frame the model never saw.
-
-Views and merge rules are looked up by name in :data:`VIEW_FACTORIES` and :data:`MERGES`, so a config names
-them and a new one is a function plus one registry entry. A view factory returns a *list* of views, so one
-config entry can expand to several (``multicrop`` gives 4 corner crops + the centre crop, and with ``flip`` their
-mirror images too: the 10-crop).
+Views operate on already normalised ``(B, 1, H, W)`` batches, as the DataLoader yields them, so TTA needs no
+second data pipeline. Uncovered area is filled with the *normalised* value of black, ``(0 - mean) / std``, the
+border the training affine and the perturbed set use: filling with 0.0 would paint a mid-grey frame the model
+never saw. Views and merges are looked up by name in :data:`VIEW_FACTORIES` and :data:`MERGES`; a view factory
+returns a *list*, so one entry can expand to several (``multicrop`` with ``flip``: the 10-crop).
 """
 
 from __future__ import annotations
@@ -325,13 +320,9 @@ class TTAPredictor:
     def predict_logits(self, model: torch.nn.Module, source: Iterable, device=None) -> np.ndarray:
         """Per-view logits ``(V, N, C)``, rows in the order of ``source``.
 
-        Kept separate from merging so several merge rules can be compared without rerunning the model.
-
-        Args:
-            model: maps ``(B, 1, H, W)`` to logits ``(B, C)``; put in eval mode for the call and restored after.
-            source: ``(N, H, W)`` uint8 or ``(N, 1, H, W)`` normalised images (array or tensor), or an iterable of
-                batches (dicts with key ``"image"``, like the project's DataLoader, or plain tensors).
-            device: where to run; the model is moved there. ``None``: the model's current device.
+        Kept separate from merging so several merge rules can be compared without rerunning the model. ``source`` is
+        ``(N, H, W)`` uint8 or ``(N, 1, H, W)`` normalised images, or an iterable of batches (dicts with ``"image"``,
+        or plain tensors); the model is put in eval mode for the call and restored after.
         """
         if device is None:
             device = next(model.parameters(), torch.empty(0)).device

@@ -1,34 +1,11 @@
 """The pediatric-pneumonia protocol (Kermany et al., Cell 2018): which images, drawn how, answered and scored how.
 
-- Pools: the release's official ``test`` folder is the test pool (624 images: 234 normal, 390 pneumonia); the
-  official ``train`` folder is the train pool (5,216: 1,341 / 3,875). The 16-image ``val`` folder is not used.
-- Item ids: the pneumonia model card's, ``pneumonia-<split>-<file stem>`` (:func:`item_id`: the official split
-  folder and the file name without its extension, e.g. ``pneumonia-test-person136_bacteria_648`` for
-  ``test/PNEUMONIA/person136_bacteria_648.jpeg``). The class folder is not part of it, so a release whose two
-  class folders share a file stem within one split is refused (the card could not tell those images apart).
-- Leakage rule: the version's test images are drawn first; a train-pool image whose patient number
-  (``person123``, ``IM-0115``, ``NORMAL2-IM-0383``; parsed by :func:`training.data.adapters.kermany.patient_key`)
-  appears among **that version's** test images is then excluded, and the training images are drawn from the
-  rest. It is the pneumonia model card's rule (docs/benchmarks.md, "Pediatric pneumonia"), so the versions train
-  on different sets wherever a test patient also has training films; because a result is only comparable with
-  another on the same training draw, every draw reports each version's training fingerprint and label counts
-  and how many training images the versions share, which costs only the other versions' draws (hashing ids,
-  no image is read).
-- Versions (``configs/benchmark/pneumonia.yaml``): ``full`` tests on the whole test pool; ``n100`` draws 100
-  test images stratified by label. Both draw ``train_size`` (500) training images stratified by label. Draws
-  are :func:`apps.benchmarks.framework.sampling.stratified_draw` with the protocol's seed, ranking on the card's
-  item id, so a draw is the card's draw whatever the order of the files or the rows.
-- Decisions: the card's rule, each model's own decision without a tuned threshold (:data:`CARD_RULE`): a
-  classifier's probability or the probe's probability above 0.5, an image-text model's prompt margin above 0. A
-  platform run's own validation threshold is only an extra column, ``zero_shot_run_threshold``, titled as not the
-  card's rule, filled only for a run that stored thresholds.
-- Floors and caveats: the always-pneumonia predictor is scored as a method on the same items (its accuracy is the
-  test items' prevalence, its specificity 0), and the report states it and the training-overlap caveat (a model
-  trained on a Kermany copy may have seen these films or their patients; :func:`overlap_notes`).
-- Methods: zero-shot, a linear probe fit on the training draw (:mod:`apps.benchmarks.framework.probe`), the floor
-  and the run-threshold extra; the binary metrics of :mod:`apps.benchmarks.framework.metrics`, with a
-  label-stratified bootstrap. Each ``<method>/<metric>`` is also logged under the card's name
-  (:data:`CARD_METRICS`), so the card's figures and a run's can be matched by name.
+The pools, item ids, leakage rule, versions, decisions (the card's rule, :data:`CARD_RULE`), floor and caveats
+are the pneumonia model card's, stated in docs/benchmarks.md, "Pediatric pneumonia". Because a result is only
+comparable with another on the same training draw, and the leakage rule makes versions train on different
+sets, every draw reports each version's training fingerprint and how many training images the versions share
+(hashing ids only). Draws rank on the card's item id, so a draw is the card's draw whatever the order of the
+files. Each ``<method>/<metric>`` is also logged under the card's name (:data:`CARD_METRICS`).
 """
 
 from __future__ import annotations

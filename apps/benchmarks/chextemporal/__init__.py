@@ -1,27 +1,11 @@
 """The CheXTemporal protocol: how did a finding change between the prior and the current film?
 
-- Items: (prior film, current film, finding) with a progression label. Three sources, recognised by what the data
-  root holds (file names in ``configs/benchmark/chextemporal.yaml``):
-
-  - the CheXTemporal release (a pair manifest: five classes new / worse / stable / improved / resolved);
-  - an NIH ChestX-ray14 folder (``labels.csv``): consecutive follow-ups of a patient, NIH's report-mined labels
-    moved to CheXpert names (:data:`training.data.label_names.CHEXPERT_OUTPUTS`), coarse classes new / persisting
-    / resolved (:func:`apps.benchmarks.chextemporal.pairs.nih_followup_pairs`);
-  - covid-temporal: consecutive films, worse / stable / improved from the change of the raters' mean severity
-    score (:func:`apps.benchmarks.chextemporal.pairs.covid_pairs`; only pairs with both scores are labelled).
-
-- Scored items: every labelled (gold) pair, as the paper scores its zero-shot models, so the figures sit beside its
-  own. Nothing is held out: the methods that must be fitted are scored out-of-fold over patient-disjoint folds
-  (:func:`apps.benchmarks.chextemporal.pairs.patient_folds`, seeded), each pair predicted once by a fit on the
-  other patients.
-- Methods (:mod:`apps.benchmarks.chextemporal.progression`): zero-shot for image-text models (the difference of the two
-  films' embeddings against a prompt bank per class, a class scoring its best prompt); a rule on the model's
-  per-finding scores of the two films with thresholds fitted on the other folds; a progression head trained on
-  the other folds' frozen embeddings; and the other folds' majority class as the floor.
-- Metrics: accuracy, macro-F1, accuracy per class and per finding, with 1,000 resamples of pairs; confusion
-  matrices as artifacts. Grounding on the release's boxes: every heatmap the platform makes is of one film, so
-  an image-text model grounds the disease name, the paper's rule for single-image models; the pointing game's
-  tolerance and its rule for flat maps are settings, stated in the report.
+Items are (prior film, current film, finding) with a progression label, from whichever source the data root
+holds (the release, NIH follow-ups, covid-temporal: :mod:`apps.benchmarks.chextemporal.pairs`). Every labelled
+pair is scored, as the paper scores its zero-shot models, so the figures sit beside its own; the fitted methods
+(:mod:`apps.benchmarks.chextemporal.progression`) are therefore scored out-of-fold over patient-disjoint folds.
+Grounding prompts an image-text model with the disease name, the paper's rule for single-image models. See
+docs/benchmarks.md, "CheXTemporal progression".
 """
 
 from __future__ import annotations
@@ -96,22 +80,13 @@ class ChexTemporalProtocol(Protocol):
     """Progression on pairs (see the module docstring).
 
     Args:
-        name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`.
         prompts: finding -> the prompt an image-text model scores one film with (the rule's input).
-        negative_prompt: its contrast.
         folds: patient-disjoint cross-validation folds of the fitted methods (fewer when there are fewer patients).
-        release: file names of the CheXTemporal release (``manifest``: the pair table).
-        nih_labels: the NIH release table (``Data_Entry_2017_v2020.csv``).
         covid: covid-temporal settings: ``score`` (opacity | geographic_extent) and ``threshold``.
-        prompt_bank: the progression prompt bank (``configs/text/progression.yaml``).
-        prompt_rule: how a class's prompts become one zero-shot score: ``max`` (its best prompt) or ``mean`` (its
-            averaged prompt embedding); :data:`~apps.benchmarks.chextemporal.progression.PROMPT_RULES`.
-        grounding_prompt: the template an image-text model's heatmap of one film is made for, ``{finding}`` the
-            finding in lower case; ``"{finding}"``, the disease name, is the paper's rule for single-image models.
-        tolerance: the pointing game's margin in pixels of the boxes' 1024-px frame (TorchRay's default 15; 0: the
-            peak must lie in a box).
-        flat_maps: the pointing game's rule for a flat map,
-            :data:`~apps.benchmarks.framework.grounding.FLAT_MAPS` (``miss``: no credit).
+        prompt_rule: ``max`` (a class's best prompt) or ``mean`` (its averaged prompt embedding).
+        grounding_prompt: the template of a film's heatmap prompt, ``{finding}`` the finding in lower case.
+        tolerance: the pointing game's margin in pixels of the boxes' 1024-px frame (0: the peak must lie in a box).
+        flat_maps: the pointing game's rule for a flat map (``miss``: no credit).
     """
 
     methods = {"zero_shot": "Zero-shot (prompt bank)", "rule": "Rule (out-of-fold)",

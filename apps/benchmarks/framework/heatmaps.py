@@ -1,25 +1,12 @@
 """One heatmap per (image, finding) from any benchmark encoder that can make one, and the floors every grounding
 report compares them with.
 
-:func:`heatmaps` returns ``(B, T, S, S)`` float32 maps at the images' own size ``S`` (each model's grid upsampled
-bilinearly), one per target label asked for, or ``None`` when the encoder's kind cannot make heatmaps. The method is
-chosen by the encoder's class through :data:`HEATMAPPERS` (a subclass uses its nearest registered base); a new kind
-is one entry there.
-
-- **Platform classifiers** (:class:`PlatformRunEncoder`): Grad-CAM (pytorch-grad-cam's ``GradCAM``) on the
-  backbone's last spatial feature map, for the *sum of the logits* of the outputs a target maps to (a finding that
-  is several outputs of the model's vocabulary is explained as all of them together). The map is ReLU'd, hence
-  non-negative, and min-max scaled to [0, 1] per image as pytorch-grad-cam does (grounding metrics are invariant to
-  that rescaling). A target with no mapped output gets a NaN map. The feature layer is found by a probe
-  (:func:`gradcam_layer`), not by architecture name. Backbones whose last 4-D map is a transformer's patch
-  embedding (ViT towers, the CLIP adapters' image encoder) have no convolutional map worth explaining: no heatmaps.
-- **open_clip image-text models** (:class:`ClipEncoder`, ViT towers): patch-text similarity. The final patch tokens
-  go through the same final layer norm and projection as the pooled image embedding, are L2-normalised and dotted
-  with the L2-normalised embedding of the target's positive prompt: cosine similarities on the ``g x g`` patch grid.
-  Non-ViT towers (ModifiedResNet, timm trunks) and attention-pooled ViTs: no heatmaps.
-
-Floors: :func:`centre_prior` (an isotropic Gaussian on the image centre, what "findings are central" alone scores)
-and :func:`random_heatmaps` (seeded uniform noise, chance level).
+The method is chosen by the encoder's class through :data:`HEATMAPPERS` (a subclass uses its nearest
+registered base), so a new kind is one entry there: Grad-CAM for platform classifiers (on the sum of the logits
+a target maps to, so a finding that is several outputs is explained as all of them; no mapped output: a NaN
+map), patch-text similarity for open_clip ViT towers. Kinds without a convolutional map or patch grid
+(transformer backbones, non-ViT CLIP towers) make none. See docs/benchmarks.md, "NIH grounding". Floors: :func:`centre_prior` (what "findings are
+central" alone scores) and :func:`random_heatmaps` (chance level).
 """
 
 from __future__ import annotations
@@ -168,17 +155,11 @@ def gradcam_layer(backbone: nn.Module, size: int) -> FeatureLayer | None:
     """The backbone's last spatial feature map, found by a probe: one forward pass of a ``(1, 1, size, size)``
     zero image with a forward hook on every module, recording the modules in the order they *finish*.
 
-    The chosen module is the last to finish with a 4-D ``(B, C, h, w)`` output, skipping:
-
-    - ``1 x 1`` maps: global pooling's ``(B, C, 1, 1)`` (timm's ``SelectAdaptivePool2d``, ConvNeXt's pooled
-      ``LayerNorm2d``) is where the spatial map ends, not the map;
-    - pass-through modules whose output is their input (``Identity``, dropout in eval mode), so the name is the
-      module that computed the map.
-
-    A container finishes after its children, so the name is the outermost module producing the map (``layer4``
-    of a ResNet, ``stages`` of a ConvNeXt, ``bn2`` of an EfficientNet: the stage after its last activation).
-    Architecture names are never matched, so any timm convnet works. ``None``: no spatial map at this size.
-    Cached per backbone and size (weakly: the cache does not keep a model alive).
+    The last module to finish with a 4-D output wins, skipping ``1 x 1`` maps (global pooling is where the map
+    ends) and pass-through modules (so the name is the module that computed the map). A container finishes after
+    its children, so the name is the outermost module producing the map (``layer4`` of a ResNet). Architecture
+    names are never matched, so any timm convnet works. ``None``: no spatial map at this size. Cached weakly per
+    backbone and size, so the cache does not keep a model alive.
     """
     cached = _LAYERS.setdefault(backbone, {})
     if size not in cached:

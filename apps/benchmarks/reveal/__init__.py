@@ -1,30 +1,11 @@
 """The REVEAL-CXR protocol (RSNA 2025): a model against the readers' majority on 12 labels, beside the readers.
 
-- Studies: every study of the data root, read by :mod:`apps.benchmarks.reveal.reader_study` (the release layout
-  or a generic reader table, chosen by which table the root holds). The reference is the majority of the
-  readers (or an adjudicated table when configured); each study's agreement level (``3 of 3`` / ``2 of 3``)
-  is its stratum.
-- The model's answer per label: its score (a platform classifier's highest probability among the outputs
-  mapped to the label in :data:`training.data.label_names.REVEAL_OUTPUTS`; an image-text model's prompt margin)
-  and its own call (the run's per-class validation thresholds, 0.5 without; a positive margin).
-- Metrics per label, macro (mean over labels with a defined value) and micro (all (study, label) pairs pooled):
-  AUROC, AP, and at the model's call sensitivity, specificity, F1 and the label kappa (Cohen's kappa of the
-  0/1 calls with the reference), overall and per stratum; 1,000 resamples of studies (a study keeps all its
-  labels and readers), seeded.
-- Readers' label kappa (when the data has per-reader 0/1 reads): each reader's kappa against the majority of the
-  *other* readers and against the full majority, per label and pooled, on the same resamples; the model's label
-  kappa beside them with a verdict per label (:mod:`apps.benchmarks.reveal.agreement`).
-- Readers' rating kappa (when the data has each reader's Agree all / Agree mostly / Disagree rating): each
-  rating against the majority rating on the paper's binary scale ("Agree mostly" merged with "Disagree", the
-  scale of its 0.622, shown beside it) and on the platform's three-level scale, overall and (the platform's) per
-  finding, on the same resamples (:mod:`apps.benchmarks.reveal.ratings`). It is not comparable with the label
-  kappa, which is what the paper's per-finding figures are.
-- Demographics (age, sex, race, patient class) by subset, each absent column named
-  (:mod:`apps.benchmarks.reveal.demographics`).
-- Acquisition balance: DICOM characteristics compared between subsets with Pearson's chi-square
-  (:mod:`apps.benchmarks.reveal.acquisition`), when the studies are DICOM and the layout names a subset column.
-
-docs/benchmarks.md (REVEAL-CXR) states the protocol, the label mapping and the figures.
+The studies are read by :mod:`~apps.benchmarks.reveal.reader_study`; each study's agreement level is its
+stratum. The model answers each label with a score and its own call; its metrics and label kappa sit beside
+the readers' label kappa (:mod:`~apps.benchmarks.reveal.agreement`) and rating kappa
+(:mod:`~apps.benchmarks.reveal.ratings`), which are not comparable with each other. Demographics and acquisition
+balance by subset are reported when the data allows. docs/benchmarks.md, "REVEAL-CXR", states the protocol, the
+label mapping and the figures.
 """
 
 from __future__ import annotations
@@ -120,20 +101,13 @@ class RevealProtocol(Protocol):
     """REVEAL-CXR on a data root holding the release or a multi-reader table (see ``configs/benchmark/reveal.yaml``).
 
     Args:
-        name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`.
-        labels: benchmark label -> ``definition`` (the paper's operational definition, shown beside results) and
-            ``prompt`` (what an image-text model compares the image with); all 12 labels, in benchmark order.
-        negative_prompt: the contrasting text for every label.
-        release: :class:`~apps.benchmarks.reveal.reader_study.ReleaseLayout` fields.
-        readers: :class:`~apps.benchmarks.reveal.reader_study.ReaderTableLayout` fields.
+        labels: benchmark label -> ``definition`` (the paper's, shown beside results) and ``prompt``; all 12
+            labels, in benchmark order.
         reference: ``majority`` (the paper's) or ``adjudicated`` (a reader table's adjudicated labels).
-        merge_agree_mostly: count "Agree mostly" as disagreement in a study's agreement level when the release
-            gives each reader's rating (the rating kappa is reported on both scales whatever this says).
-        rating_weights: the three-level rating kappa's weighting: ``None`` (Cohen's unweighted, the default),
-            ``linear`` or ``quadratic`` (as ``sklearn.metrics.cohen_kappa_score`` weighs); on the binary scale
-            every weighting is the unweighted kappa.
-        demographics: ``columns`` (characteristic -> study-table column, or null) and ``numeric`` (those
-            summarised as numbers), see :func:`~apps.benchmarks.reveal.demographics.demographics`.
+        merge_agree_mostly: count "Agree mostly" as disagreement in a study's agreement level (the rating kappa is
+            reported on both scales whatever this says).
+        rating_weights: the three-level rating kappa's weighting: ``None`` (Cohen's unweighted), ``linear`` or
+            ``quadratic``.
     """
 
     methods = {"model": "Model"}
@@ -349,9 +323,9 @@ class RevealProtocol(Protocol):
     def rating_section(self, study: ReaderStudy, truth: Targets, resamples: np.ndarray, extras: Extras) -> str:
         """The readers' rating kappa on both scales (each rating vs the majority rating), or why there is none.
 
-        The binary scale leads and carries the paper's 0.622 beside it because that is the scale the paper
-        reports on; the three-level figure is the platform's and is titled so, and the per-finding rows are the
-        platform's too, since the paper's per-finding kappas are label kappas.
+        The binary scale leads and carries the paper's figure beside it because that is the scale the paper reports
+        on; the three-level and per-finding rows are the platform's and titled so, since the paper's per-finding
+        kappas are label kappas.
         """
         title = "**Readers' rating kappa** (each reader's Agree all / Agree mostly / Disagree vs the majority rating)"
         if study.ratings is None:

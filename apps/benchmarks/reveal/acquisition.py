@@ -1,16 +1,11 @@
 """Acquisition balance between benchmark subsets: DICOM header characteristics and Pearson's chi-square.
 
-A benchmark that releases part of its studies and holds the rest out is only trustworthy if the two parts come
-from the same scanners and techniques: a model tuned on the released part could otherwise meet a different
-mix of devices, projections or exposures in the holdout and its score would measure that shift, not the
-finding. The REVEAL-CXR paper checked this by comparing the subsets on a fixed list of DICOM tags with Pearson's
-chi-square (no continuity correction); :data:`FIELDS` is that list and :func:`balance` is that test.
-
-Only headers are read (``stop_before_pixels``), so a whole archive is summarised in seconds. A tag the file
-lacks is a category of its own, ``"missing"``: which sites fill a tag is itself an acquisition characteristic,
-and dropping those files would hide a difference. Continuous tags (tube voltage, exposure, pixel spacing) would
-give one category per distinct value and a table too sparse for the chi-square approximation, so they are cut
-into quantile bins of the pooled values -- the same bins for every subset.
+A released part and a held-out part are only comparable if they come from the same scanners and techniques;
+otherwise a model's holdout score measures that shift, not the finding. The REVEAL-CXR paper compared the
+subsets on a fixed list of DICOM tags with Pearson's chi-square (no continuity correction): :data:`FIELDS` and
+:func:`balance`. Only headers are read. A missing tag is a category of its own: which sites fill a tag is itself
+an acquisition characteristic. Continuous tags are cut into quantile bins of the pooled values (the same for
+every subset), since one category per value is too sparse for the chi-square approximation.
 """
 
 from __future__ import annotations
@@ -152,16 +147,9 @@ def balance(
 ) -> pd.DataFrame:
     """Pearson's chi-square test of independence between each field and the group (e.g. released / holdout).
 
-    Args:
-        frame: :func:`read_characteristics` output with a ``group_column`` added.
-        group_column: column naming each file's subset.
-        fields: the columns to compare.
-        numeric_bins: numeric fields with more distinct values than this are cut into this many quantile bins.
-
-    Returns:
-        One row per field: ``field``, ``categories`` (rows of the table tested), ``chi2``, ``dof``, ``p_value``
-        (``scipy.stats.chi2_contingency`` without continuity correction), ``n`` (files with a group), ``note``
-        (binning, sparse expected counts, or why the test was not run: then ``chi2`` and ``p_value`` are NaN).
+    ``numeric_bins``: numeric fields with more distinct values than this are cut into this many quantile bins.
+    Returns one row per field (``scipy.stats.chi2_contingency`` without continuity correction); ``note`` says why
+    the test was not run when ``chi2`` and ``p_value`` are NaN.
     """
     rows = []
     for field in fields:

@@ -1,13 +1,9 @@
 """Who is in a reader study: age, sex, race and patient class by subset (REVEAL-CXR: released / holdout).
 
-A benchmark figure means little without the population behind it, and a released/holdout split is only fair if
-the two halves hold the same kind of patients. The characteristics come from the study table (the release's
-label table, or a reader table's adjudicated table), under the column names ``configs/benchmark/reveal.yaml``
-gives. A characteristic whose column the data does not have is one row saying so ("not in this release"), never
-an error: releases differ in what they publish, and the rest of the table still stands.
-
-The table is tidy -- one row per (characteristic, level, subset) -- so it is logged as it is and checked against a
-plain count; :func:`demographics_markdown` lays it out for the report.
+A released/holdout split is only fair if the two halves hold the same kind of patients. A characteristic whose
+column the data does not have is one row saying so, never an error: releases differ in what they publish, and
+the rest of the table still stands. The table is tidy (one row per characteristic, level and subset) so it is
+logged as it is and checked against a plain count.
 """
 
 from __future__ import annotations
@@ -72,17 +68,13 @@ def demographics(
     """The characteristics of the studies of ``table`` per subset of column ``by`` and for all studies.
 
     Args:
-        table: one row per study.
         columns: characteristic (``"age"``) -> its column in ``table``, or ``None`` when the data records none.
-        numeric: characteristics summarised as numbers (n, mean, SD, median, quartiles, range, blanks); one whose
-            values are not all numbers (an age such as ``>89``) is counted by value instead, with a note.
-        by: the subset column (sorted subsets, then :data:`ALL`), or ``None`` for all studies only.
-        source: the table(s) the columns come from, named in the note of an absent characteristic.
+        numeric: characteristics summarised as numbers; one whose values are not all numbers (an age such as
+            ``>89``) is counted by value instead, with a note.
 
     Returns:
-        Rows ``characteristic``, ``level``, ``subset``, ``value`` (a count, or a numeric summary), ``percent`` (a
-        count's share of its subset's studies), ``note``. An absent characteristic is one row: level
-        :data:`ABSENT`, subset :data:`ALL`, no value, the reason in ``note``.
+        Rows ``characteristic``, ``level``, ``subset``, ``value``, ``percent``, ``note``. An absent characteristic
+        is one row: level :data:`ABSENT`, subset :data:`ALL`, the reason in ``note``.
     """
     unknown = [name for name in numeric if name not in columns]
     if unknown:

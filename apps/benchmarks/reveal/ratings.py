@@ -1,33 +1,11 @@
 """The readers' *rating* agreement on REVEAL-CXR: Cohen's kappa of each reader's rating with the majority rating.
 
-REVEAL-CXR's readers did not label findings from scratch: each one rated the labels suggested for a study as
-"Agree all", "Agree mostly" or "Disagree". The paper (section 4.2) merges "Agree mostly" with "Disagree" and
-reports Cohen's kappa 0.622 "on this binary scale"; that agreement of *ratings* is a different quantity from the
-kappa of 0/1 findings against the majority label (:mod:`apps.benchmarks.reveal.agreement`, the *label* kappa,
-which is what the paper's per-finding figures are), and the two are never to be set side by side as if
-comparable.
-
-Choices, each documented in docs/benchmarks.md (REVEAL-CXR):
-
-- **Scale** (:data:`SCALES`): ``binary``, the paper's: "Agree all" against "Agree mostly or Disagree", so a
-  reader who answers "Agree mostly" where another answers "Disagree" agrees with them, as in the paper's figure.
-  ``three-level`` is the platform's own: the three ratings as given, in their ordinal order, so that a
-  swap between "Agree mostly" and "Disagree" counts as disagreement. Ratings are read as the three codes of
-  :data:`RATINGS` (``-1`` = not rated, left out of that reader's pairs and counted) and moved to a scale before
-  anything else, so the majority is taken on the scale scored.
-- **Kappa type**: unweighted Cohen's kappa by default. The paper reports "kappa" with no weighting, and the
-  three-level scale's steps are not evidently equal (Agree all -> Agree mostly is one corrected label, Agree
-  mostly -> Disagree may be many), which a linear weight would assume. ``weights="linear"`` or ``"quadratic"``
-  weigh disagreements by ``|i - j|`` or ``(i - j)^2`` exactly as ``sklearn.metrics.cohen_kappa_score`` does; on
-  the binary scale every weighting is the unweighted kappa.
-- **Majority rating**: the level given by more than half of the readers who rated the study; none when no level
-  has that (three readers, three different three-level ratings), and such a study is left out and counted as a
-  tie. ``majority`` includes the reader being scored; ``leave-one-out`` is the majority of the other readers,
-  which is defined only where those agree.
-- **Per finding** (the platform's): a rating judges all of a study's labels at once, so a finding's rating kappa
-  is the kappa on the studies that carry the finding (reference positive); "overall" counts every study once.
-- **Intervals**: the study-level resamples the label kappa uses, so both intervals are paired. As for the label
-  kappa, a resample's counts are its per-study multiplicities times the per-study tables.
+Each reader rated the labels suggested for a study "Agree all", "Agree mostly" or "Disagree"; agreement of
+*ratings* is a different quantity from the *label* kappa (:mod:`apps.benchmarks.reveal.agreement`), and the
+two are never to be set side by side as if comparable. The choices (the paper's binary scale and the platform's
+three-level one, unweighted kappa by default, the majority rating, per-finding rows, paired intervals) and
+their reasons are in docs/benchmarks.md, "REVEAL-CXR". Ratings are moved to a scale before anything else, so
+the majority is taken on the scale scored.
 """
 
 from __future__ import annotations
@@ -122,10 +100,8 @@ def weight_matrix(weights: str | None, n_levels: int) -> np.ndarray:
 def kappa_from_confusion(counts: np.ndarray, weights: str | None = None) -> np.ndarray:
     """Cohen's kappa of every ``(..., L, L)`` confusion table (rows: reader, columns: reference); NaN if undefined.
 
-    ``1 - n * sum(w * O) / sum(w * r c^T)`` (``r``, ``c``: the margins), the same formula as
-    ``sklearn.metrics.cohen_kappa_score``. On integer counts (multiplicity-weighted included) the denominator is
-    exactly zero when, and only when, the expected disagreement is zero -- both raters constant and identical, or
-    no pairs -- so that test needs no tolerance.
+    The same formula as ``sklearn.metrics.cohen_kappa_score``; on integer counts its denominator is exactly zero
+    when, and only when, the expected disagreement is zero, so that test needs no tolerance.
     """
     counts = np.asarray(counts, dtype=np.float64)
     if counts.ndim < 2 or counts.shape[-1] != counts.shape[-2]:
@@ -163,19 +139,11 @@ def rating_agreement(
 
     Args:
         ratings: ``(N, R)`` rating codes (see :data:`RATINGS`; -1 = not rated).
-        readers: the ``R`` rater names (the release's rating columns).
         carries: ``(N, K)`` bool, whether study ``n`` carries finding ``k`` (its reference is positive).
-        findings: the ``K`` finding names.
-        resamples: ``(B, N)`` study indices (the protocol's, shared with the label kappa); ``None`` for none.
-        scale: ``"binary"`` (the paper's: Agree mostly merged with Disagree) or ``"three-level"``
-            (:data:`SCALES`).
-        weights: ``None`` (Cohen's unweighted), ``"linear"`` or ``"quadratic"``.
-        ci: interval coverage.
+        resamples: ``(B, N)`` study indices, shared with the label kappa so the intervals are paired.
 
     Returns:
-        The columns of :func:`~apps.benchmarks.reveal.agreement.reader_agreement`, one row per reference x
-        (readers + ``"all readers"``) x (findings + ``"overall"``): ``n`` pairs scored, ``kappa``, ``ci_low``,
-        ``ci_high``, ``n_blank`` (not rated although the reference exists), ``n_tie`` (rated, no reference).
+        The columns of :func:`~apps.benchmarks.reveal.agreement.reader_agreement`.
     """
     levels = on_scale(ratings, scale)
     n_levels = len(_scale(scale)[0])

@@ -1,15 +1,9 @@
 """Reading a multi-reader benchmark from disk: the REVEAL-CXR release as distributed, or a generic reader table.
 
-Two layouts, both described in ``configs/benchmark/reveal.yaml`` (column names are configuration, because the
-public release may spell them differently from the paper):
-
-- **release**: one row per study with the 12 benchmark labels (the readers' majority, already decided), the
-  agreement level (how many of the three readers agreed with all labels, or each reader's rating) and the DICOM
-  files of the study under ``<images>/<study id>/`` (or a path column).
-- **readers**: one row per (image, reader) with 0/1 per finding; a blank cell is a read the reader did not give
-  (hedged, or not asked), and is left out of that reader's agreement and counted. An optional adjudicated table
-  (one row per image) can serve as the reference instead of the majority, and lends its other columns (view,
-  subset) to the study table. This is how local stand-ins such as the NIH expert relabelling are read.
+Two layouts, described in ``configs/benchmark/reveal.yaml`` (column names are configuration, because the public
+release may spell them differently from the paper): **release**, one row per study with the majority labels
+and the agreement level; **readers**, one row per (image, reader), optionally with an adjudicated table (how
+local stand-ins such as the NIH expert relabelling are read). See docs/benchmarks.md, "Reading the data".
 
 Ids (images, readers, patients) are text throughout: a reader id such as ``4295232296`` or a patient ``0042``
 must never become a number. Everything a user can get wrong in a table is one :class:`BadInput` naming the file,
@@ -41,15 +35,11 @@ class ReleaseLayout:
     """Where the release keeps what (``release:`` in the YAML).
 
     Attributes:
-        table: the label table, relative to the data root.
-        id: its study id column.
-        labels: benchmark label -> its column (every one of the 12 the release has).
         agreement: column with the number of readers who rated "Agree all" (``3``, ``3/3``, ``3 of 3``), or ``None``.
-        ratings: columns of each reader's rating ("Agree all", "Agree mostly", "Disagree"; blank: not rated), one
-            per reader of a study; when given they decide the agreement level and give the readers' rating kappa.
-        path: column with each study's image path relative to the root, or ``None`` to look under ``images``.
-        images: folder holding one sub-folder of DICOM files per study (``<images>/<study id>/*.dcm``).
-        patient: patient id column, or ``None``.
+        ratings: columns of each reader's rating (blank: not rated); when given they decide the agreement level and
+            give the readers' rating kappa.
+        path: column with each study's image path relative to the root, or ``None`` to look under ``images``
+            (``<images>/<study id>/*.dcm``).
         subset: column naming each study's subset (released / holdout), compared on acquisition, or ``None``.
     """
 
@@ -69,15 +59,11 @@ class ReaderTableLayout:
     """Where a generic multi-reader table keeps what (``readers:`` in the YAML).
 
     Attributes:
-        table: the reads, one row per (image, reader), relative to the data root.
         image: the image path column (relative to the root); it is also the study id.
-        reader: the reader id column.
         findings: table column -> the benchmark label(s) it reads (a combined ``nodule/mass`` column reads both).
         ignore: finding columns the readers gave that are not benchmark labels (read, then left aside).
-        patient: patient id column, or ``None``.
         hedged: a column naming which findings a reader hedged (informational; the cell itself is blank).
         adjudicated: optional table with one row per image: the adjudicated reference and study attributes.
-        subset: column of the study table compared on acquisition (e.g. released / holdout), or ``None``.
     """
 
     table: str
@@ -96,20 +82,13 @@ class ReaderStudy:
     """A benchmark's studies, their reference and (when known) every reader's reads.
 
     Attributes:
-        table: one row per study, sorted by id: ``study_id``, ``path``, ``patient_id``, ``stratum`` (``"3 of 3"``:
-            readers agreeing with the reference on every label) and ``subset`` when the layout names one.
-        names: the benchmark labels this data has a reference for, in benchmark order.
+        table: one row per study, sorted by id, with ``stratum`` (``"3 of 3"``: readers agreeing with the
+            reference on every label).
         reference: ``(N, K)`` 0/1, :data:`MISSING` where there is none (a tie, no reads).
-        readers: reader ids, sorted as text; empty when the data has no per-reader reads.
-        reads: ``(N, R, K)`` 0/1/:data:`MISSING`, or ``None``.
-        blanks: per (reader, label) how many reads were asked for and how many were left blank (hedged).
+        reads: ``(N, R, K)`` 0/1/:data:`MISSING`, or ``None``; readers are sorted as text.
         absent: benchmark label -> why this data has no reference for it.
-        notes: facts a reader of the report needs (mappings, merges, exclusions).
-        ratings: ``(N, R')`` each reader's rating of the study's labels, coded as
-            :data:`~apps.benchmarks.reveal.ratings.RATINGS` (-1: not rated), or ``None``.
-        raters: the ``R'`` rating columns.
-        no_ratings: why there are no ratings (when ``ratings`` is ``None``).
-        source: the table(s) the study attributes come from, as a report names them.
+        ratings: ``(N, R')`` rating codes of :data:`~apps.benchmarks.reveal.ratings.RATINGS` (-1: not rated), or
+            ``None`` (``no_ratings`` says why).
     """
 
     table: pd.DataFrame
