@@ -29,15 +29,11 @@ def create_backbone(
     """Create a headless timm model returning pooled features ``(B, F)``.
 
     Args:
-        name: any ``timm.list_models()`` name.
         pretrained: fetch ImageNet weights from the hub. Off by default: tests and the built-in data run offline.
         in_chans: 1 for radiographs; timm folds a pretrained RGB stem into one channel by summing its filters.
-        weights: start from other weights than ImageNet's (docs/recipes.md, "Starting from other weights"): a local file
-            (:func:`training.models.weights.load_weights`, which folds its stem the same way), ``hf-hub:<repo>``
-            or ``timm:<model.tag>`` (downloads, like ``pretrained``).
-        weights_format: how to read a local file (``auto`` detects).
+        weights: other weights than ImageNet's (docs/recipes.md, "Starting from other weights"): a local file,
+            ``hf-hub:<repo>`` or ``timm:<model.tag>``.
         weights_trust_pickle: allow a file that must be unpickled (it can run code).
-        **kwargs: passed to ``timm.create_model`` (``drop_rate``, ``drop_path_rate``, ...).
     """
     weights = str(weights) if weights not in (None, "") else None
     if weights is not None and pretrained:

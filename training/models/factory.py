@@ -1,15 +1,10 @@
 """The one place a network is built from its description, for training and for loading a finished run alike.
 
-A run is described by its model, loss and adapter config plus its labels. Training builds from the Hydra config;
-loading a run (:mod:`training.runs`) and the registered pyfunc build from the same plain dicts read back from
-the run, so the network that is served is the network that was trained.
-
-Which class: the plain :class:`~training.models.module.MultiLabelClassifier`, the zero-shot adapter that
-``configs/adapter/<name>.yaml`` names by ``_target_``, or a network of another shape that the model config names as
-``model.module`` (the view-routed model of docs/recipes.md); each is a ``MultiLabelClassifier`` subclass. These
-configs may come from a stored run, which anyone with write access to the tracking server can edit, so only the
-classes the project's own configs name are imported (:mod:`training.allowed_targets`), and only a ``MultiLabelClassifier``
-among them is built (docs/architecture.md, "Finished runs").
+Loading a run and the registered pyfunc build from the same plain dicts training built from, so the network that
+is served is the network that was trained. The class is ``MultiLabelClassifier``, an adapter's ``_target_`` or
+``model.module``. These configs may come from a stored run, which anyone with write access to the tracking
+server can edit, so only classes the project's own configs name are imported (:mod:`training.allowed_targets`),
+and only a ``MultiLabelClassifier`` among them is built (docs/architecture.md, "Finished runs").
 """
 
 from __future__ import annotations

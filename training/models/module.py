@@ -1,14 +1,10 @@
 """The one LightningModule: a backbone, a multi-label head (linear unless ``model.head`` names another), a loss.
 
-Extension points the recipes of docs/recipes.md build on, so that every variant trains, checkpoints, resumes,
-evaluates and serves through the same code:
-
-- ``model.head``: a head module (:mod:`training.models.heads`); one that sets ``uses_feature_map`` receives the
-  backbone's unpooled ``(B, F, h, w)`` map, one that defines ``training_loss`` adds its own terms (a gate, experts);
-- ``model.aux_loss``: a second, linear head on the pooled feature whose loss is added with a weight during
-  training only, or a term of its own named by ``_target_`` (a contrastive loss on the pooled feature);
-- ``logit_temperature``: per-class temperatures fitted on validation after training (docs/recipes.md,
-  "Temperature scaling"); 1 while training, so a checkpoint without them behaves as before.
+Every variant of docs/recipes.md plugs in here, so it trains, checkpoints, resumes, evaluates and serves through
+the same code: ``model.head`` (a head with ``uses_feature_map`` gets the unpooled ``(B, F, h, w)`` map, one with
+``training_loss`` adds its own terms), ``model.aux_loss`` (a term added during training only) and
+``logit_temperature`` (fitted on validation after training; 1 while training, so an older checkpoint behaves as
+before).
 """
 
 from __future__ import annotations
@@ -47,10 +43,9 @@ warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\(
 class PerLabel(WrapperMetric):
     """One binary metric per class: ``(B, C)`` in, ``(C,)`` out, NaN for a class with no labelled cell.
 
-    torchmetrics' multi-label metrics refuse a single label (a binary task is a one-label multi-label task here) and
-    fail with an IndexError on a class whose cells are all -1 in the split, which an external or pseudo-labelled
-    dataset holds when a class is not among its findings. The counts sync across processes before any class's
-    metric is computed, so every process takes the same branches and the per-class collectives stay matched.
+    torchmetrics' multi-label metrics refuse a single label and fail on a class whose cells are all -1 (an external
+    or pseudo-labelled set lacking that finding). The counts sync across processes before any class is computed, so
+    every process takes the same branches and the per-class collectives stay matched.
     """
 
     def __init__(self, metric: Callable[[], Metric], num_labels: int):
@@ -97,11 +92,6 @@ class MultiLabelClassifier(L.LightningModule):
 
     Everything needed to rebuild it is kept as plain hyperparameters (model and loss config, label names), so a
     checkpoint alone can be loaded for evaluation, registration or serving.
-
-    Args:
-        model_cfg: ``configs/model`` node (backbone name, pretrained, optimiser settings).
-        loss_cfg: ``configs/loss`` node.
-        labels: output label names, in column order.
     """
 
     #: Set before the optimiser is built by ``two_phase=head_first`` (:class:`training.models.two_phase.HeadFirst`):
@@ -239,12 +229,9 @@ class MultiLabelClassifier(L.LightningModule):
         """Store the global random states, and blank the secrets of the stored hyperparameters (a checkpoint is
         shared like a run: ``+model.hub_token=...`` must not travel inside ``best.ckpt``).
 
-        The global random states matter because the network's stochastic layers (dropout, drop path) draw from them.
-
-        Lightning does not save them. The checkpoint is written at the end of an epoch, after its validation, and
-        the data loaders do not draw from these generators (see :class:`training.data.datamodule.CXRDataModule`),
-        so the saved state is exactly the one the next epoch starts from. Under DDP every rank was seeded alike and
-        draws alike, so rank 0's state serves all ranks.
+        Lightning does not save the random states, yet dropout and drop path draw from them. The checkpoint is written
+        after the epoch's validation and the loaders do not draw from these generators, so the saved state is exactly
+        the next epoch's; under DDP every rank draws alike, so rank 0's serves all.
         """
         checkpoint[GLOBAL_RNG_KEY] = global_rng_state()
         if "hyper_parameters" in checkpoint:  # the constructor's configs, as they may be shared with the weights

@@ -1,21 +1,10 @@
 """View routing: a projection classifier sends each image to a network trained on that projection only.
 
-PA, AP and lateral films differ in geometry (a supine AP film magnifies the heart, a lateral one shows another
-anatomy), so one network per projection need not learn all three. The router is part of the module, and the module
-is still called as ``model(images)``: evaluation, TTA, the perturbation test, ``make submit``, the served model and
-a reloaded run all route through the learned router, with no view column needed at inference. See
-docs/recipes.md, "View routing".
-
-Config (``configs/model/routed_*.yaml``, ``module: training.models.routed.ViewRoutedClassifier``):
-
-- ``backbone`` / ``pretrained`` / ``timm_kwargs`` / ``head``: every expert's network, as for the plain model;
-- ``views``: the projections, one expert each; the data module gives each image the index of its manifest view;
-- ``router``: ``{backbone, pretrained, timm_kwargs}`` of the projection classifier (ImageNet weights only when
-  ``model.pretrained`` is also true);
-- ``router_weight``: weight of the router's cross-entropy in the training loss;
-- ``routing``: ``hard`` (the router's argmax picks one expert) or ``soft`` (the experts' probabilities mixed by
-  the router's);
-- ``fallback_view``: where an image without a known manifest view trains (null: where the router sends it).
+PA, AP and lateral films differ in geometry, so one network per projection need not learn all three. The router
+is part of the module, still called as ``model(images)``: evaluation, TTA, ``make submit``, serving and a
+reloaded run all route through the learned router, with no view column needed at inference. Config keys
+(``configs/model/routed_*.yaml``): docs/recipes.md, "View routing". ``fallback_view`` is where an image without
+a known manifest view trains (null: where the router sends it).
 """
 
 from __future__ import annotations

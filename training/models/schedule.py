@@ -46,11 +46,8 @@ def phased_multiplier(
 def run_epochs(trainer) -> int:
     """The run's length in epochs, for schedules written as a share of the run.
 
-    Why: a run bounded by steps (``trainer.max_steps``, ``max_epochs`` left at -1) still has a length; it is the
-    epochs its steps take, rounded up, so a share of the run means the same under either bound.
-
-    Raises:
-        ValueError: neither bound is known (an endless run has no share to take).
+    A run bounded by steps still has a length: the epochs its steps take, rounded up, so a share means the same
+    under either bound. Raises ``ValueError`` when neither bound is known.
     """
     if trainer.max_epochs is not None and int(trainer.max_epochs) >= 1:
         return int(trainer.max_epochs)
@@ -67,10 +64,8 @@ def run_epochs(trainer) -> int:
 def epoch_at_fraction(fraction: float, max_epochs: int) -> int:
     """The 0-based epoch at which a share ``fraction`` of ``max_epochs`` has passed, kept inside the run.
 
-    Why: a switch written as an epoch number (DRW at epoch 160, the experts at epoch 14) silently stops meaning
-    the same thing when a run is made shorter or longer; a share of the run does not. The result is rounded to
-    the nearest epoch and clamped to ``[0, max_epochs - 1]``, so the switch always happens: a one-epoch smoke run
-    is all in the later phase (LDAM-DRW's 0.8 of 200 epochs is epoch 160, of 20 epochs 16, of 8 epochs 6).
+    Why: a switch written as an epoch number silently changes meaning when a run is made shorter or longer. Rounded
+    and clamped to ``[0, max_epochs - 1]``, so the switch always happens (a one-epoch smoke run is all later phase).
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"an epoch fraction must be in [0, 1], got {fraction}")

@@ -1,19 +1,13 @@
 """The two-phase schedules: the mixture-of-experts head's (``two_phase=moe``, with ``head=moe``), below, and the
 head-first warm-up of a pretrained backbone (``two_phase=head_first``, :class:`HeadFirst`).
 
-Phase 1 trains backbone and the head's first form (linear, or a query decoder for ``head=moe_decoder``) as usual.
-At the start of epoch ``switch_epoch`` the backbone is frozen (as cRT freezes it: no gradients, normalisation
-statistics fixed), all of it or all but the ``train_backbone`` prefixes (a ConvNeXt's last stage, say: the
-overview's Task 1 row C trains only the last layers and the head in its second phase), and the head switches to
-its experts. The phase
-is stored in the head's ``phase`` buffer, not here: a fit resumed after the switch reads it from ``last.ckpt`` and
-this callback freezes the backbone again at the first epoch it runs.
+At ``switch_epoch`` the backbone is frozen as cRT freezes it (all of it, or all but ``train_backbone``: the
+overview's Task 1 row C trains only the last layers and the head) and the head switches to its experts. The
+phase lives in the head's ``phase`` buffer, so a fit resumed after the switch reads it from ``last.ckpt``.
 
-Model selection: by default the kept checkpoint is chosen among phase-2 epochs only. Otherwise a phase-1 epoch
-that happened to score best on validation would be the tested model, and a run labelled "moe" would report the
-linear head's numbers. At the switch the checkpoint callbacks forget their best score, so the first phase-2
-validation always replaces ``best.ckpt``; that forgetting is saved with the next checkpoint, so a resume keeps it.
-``select_in_phase_two=false`` keeps the plain selection over every epoch.
+By default the kept checkpoint is chosen among phase-2 epochs only: otherwise a run labelled "moe" could report
+the linear head's numbers. At the switch the checkpoint callbacks forget their best score (saved with the next
+checkpoint, so a resume keeps it).
 """
 
 from __future__ import annotations
@@ -34,13 +28,10 @@ class TwoPhase(L.Callback):
     """Switch a two-phase head (:class:`training.models.heads.moe.MoEHead`) to phase 2 at ``switch_epoch``.
 
     Args:
-        switch_epoch: the first epoch (0-based) of phase 2; must be below ``trainer.max_epochs``.
-        switch_fraction: instead of ``switch_epoch``, the share of ``trainer.max_epochs`` spent in phase 1, so one
-            preset serves any run length (rounded, and kept below the last epoch: a one-epoch smoke run is all
-            phase 2).
-        select_in_phase_two: choose the kept checkpoint among phase-2 epochs only (see the module docstring).
-        train_backbone: backbone parameter-name prefixes that keep training in phase 2 (``[stages.3, head.norm]``:
-            a ConvNeXt's last stage and final norm); empty freezes the whole backbone.
+        switch_fraction: instead of ``switch_epoch``, the share of ``trainer.max_epochs`` in phase 1, so one preset
+            serves any run length (kept below the last epoch: a one-epoch smoke run is all phase 2).
+        train_backbone: backbone parameter-name prefixes that keep training in phase 2 (``[stages.3, head.norm]``);
+            empty freezes the whole backbone.
     """
 
     def __init__(
@@ -105,21 +96,12 @@ def freeze_backbone_except(backbone: torch.nn.Module, prefixes: Sequence[str]) -
 class HeadFirst(L.Callback):
     """Train the head alone on the frozen backbone for ``epochs`` epochs at ``lr``, then every weight.
 
-    Why: a freshly initialised head on a pretrained backbone sends large, random gradients into it; the 2026 Task 1
-    winner first fits the head (10 epochs at 1e-3), then fine-tunes everything at ``model.lr`` / ``model.head_lr``.
-
-    This callback owns the phase (freezing and unfreezing at epoch starts, so a resumed fit freezes again from the
-    epoch it resumes at); the module's optimiser owns the rates, told of the phase in :meth:`setup`, before it is
-    built (:func:`training.models.schedule.phased_multiplier`): the head at ``lr`` (constant), the backbone at 0,
-    then ``model.warmup_epochs`` of warm-up and the cosine over the remaining epochs. One optimiser spans both
-    phases, so the head's AdamW moments carry over. A run of at most ``epochs`` epochs (``debug=smoke``) keeps its
-    last epoch for phase 2, said in the log.
-
-    Args:
-        epochs: length of the head-only phase; ``trainer.max_epochs`` counts both phases.
-        lr: the head's learning rate in that phase.
-        select_in_phase_two: choose the kept checkpoint among phase-2 epochs only, as the winner's code saves its
-            model only while fine-tuning.
+    Why: a fresh head on a pretrained backbone sends large random gradients into it; the 2026 Task 1 winner first
+    fits the head, then fine-tunes everything. This callback owns the phase (re-frozen on resume); the module's
+    optimiser owns the rates (:func:`training.models.schedule.phased_multiplier`). One optimiser spans both phases,
+    so the head's AdamW moments carry over. A run of at most ``epochs`` epochs keeps its last epoch for phase 2.
+    ``trainer.max_epochs`` counts both phases; ``select_in_phase_two`` follows the winner, who saves only while
+    fine-tuning.
     """
 
     def __init__(self, epochs: int, lr: float, select_in_phase_two: bool = True):

@@ -1,13 +1,10 @@
 """Initialise a backbone from a local weights file: ``model.weights=<path>`` (docs/recipes.md, "Starting from other weights").
 
-Published chest X-ray weights come in many wrappings: a bare state dict, a timm training checkpoint, a Lightning
-checkpoint (this project's own ``best.ckpt`` included, so one run can start from another), a DataParallel or
-``torch.compile`` copy with prefixed keys, or a whole pickled model (TorchXRayVision's older ``.pt`` files). Their
-heads never fit ours (other labels), and their stem may expect RGB. Everything here exists to turn such a file
-into the backbone's own key names and shapes, and to refuse loudly when the file is for another architecture:
-a silently half-loaded backbone trains, but from a random start nobody asked for.
-
-Unpickling runs code from the file, so whole pickled objects are only read behind ``model.weights_trust_pickle``.
+Published chest X-ray weights come in many wrappings (bare state dict, timm or Lightning checkpoint, prefixed
+DataParallel/compile keys, whole pickled models) with heads that never fit ours. Everything here maps them onto
+the backbone's own keys and refuses loudly a file for another architecture: a silently half-loaded backbone
+trains, but from a random start nobody asked for. Unpickling runs code from the file, so whole pickled objects
+are only read behind ``model.weights_trust_pickle``.
 """
 
 from __future__ import annotations
@@ -53,11 +50,7 @@ def load_weights(
     """Copy the backbone tensors of ``path`` into ``model`` (in place) and report what matched.
 
     Args:
-        model: a headless timm model (:func:`training.models.backbone.create_backbone` without weights).
-        path: ``.pt``/``.pth``/``.bin``/``.ckpt`` (torch) or ``.safetensors``.
-        weights_format: ``auto`` reads every known wrapping; naming one makes a file that is not in it an error
-            instead of a guess (``lightning``: a ``state_dict`` with this project's ``backbone.`` prefix;
-            ``torchxrayvision``: a DenseNet with torchvision's key names and ``op_threshs``).
+        weights_format: ``auto`` reads every known wrapping; naming one makes any other an error, not a guess.
         trust_pickle: allow a file that only loads by unpickling arbitrary objects (it can run code).
 
     Returns:

@@ -1,13 +1,9 @@
 """Class-specific residual attention (CSRA; Zhu and Wu, ICCV 2021), the head of the 2026 CXR-LT Task 1 winner.
 
-Each class scores every location of the feature map with its own unit-length weight vector. Its logit is the mean
-of those scores (what a linear head on the pooled feature gives) plus ``lam`` times a softmax-weighted mean that
-leans towards the class's highest-scoring locations: a small finding lifts its class without the rest of the image
-averaging it away. ``temperature`` sharpens that weighting; ``inf`` takes the maximum. The winner put a batch norm
-on the feature map first (``batch_norm``).
-
-The platform's heads own a ``bias`` (the loss's prior initialisation writes into it); CSRA's 1x1 convolution has
-none, so it starts at zero and the head equals the published one until a loss sets it.
+A class's logit is the mean of its per-location scores (a linear head on the pooled feature) plus ``lam`` times a
+softmax-weighted mean leaning towards its highest-scoring locations: a small finding lifts its class without the
+rest of the image averaging it away. CSRA's 1x1 convolution has no bias; the platform's ``bias`` starts at zero,
+so the head equals the published one until a loss's prior initialisation sets it.
 """
 
 from __future__ import annotations
@@ -22,11 +18,8 @@ class CSRAHead(nn.Module):
     """``(B, F, h, w)`` feature map (or ``(B, N, F)`` tokens) to ``(B, C)`` logits.
 
     Args:
-        in_features: backbone channels ``F``.
-        num_labels: output classes ``C``.
         lam: weight of the attention branch (the winner's 0.1).
         temperature: sharpness of the attention over locations; ``inf``: the maximum score.
-        batch_norm: normalise the feature map's channels first.
     """
 
     uses_feature_map = True

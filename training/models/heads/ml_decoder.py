@@ -1,14 +1,9 @@
 """ML-Decoder-style query head (Ridnik et al., 2023): class queries cross-attend over the spatial feature map.
 
-Global average pooling mixes every region into one vector before any class looks at it; a small finding (a nodule,
-a line tip) is diluted by the rest of the image. Here each class (or each group of classes) owns a query that
-attends over the ``h * w`` locations and picks the regions that matter to it. As in ML-Decoder the decoder layers
-have no self-attention between queries: it costs ``O(Q^2)``, and the paper found it unnecessary, so a layer is
-cross-attention then a feed-forward block, each with a residual and a layer norm.
-
-With ``groups`` set below the number of classes, ``groups`` queries are decoded and each expands into
-``ceil(C / groups)`` logits with its own linear map ("group fully-connected"), which keeps the cost bounded for a
-large label set. For the CXR-LT label sets (at most 40 classes) one query per class is the default.
+Global average pooling dilutes a small finding (a nodule, a line tip) with the rest of the image; a class query
+attends over the locations and picks the regions that matter to it. As in ML-Decoder there is no self-attention
+between queries (``O(Q^2)``, and the paper found it unnecessary). ``groups`` below ``C`` decodes fewer queries,
+each expanded by its own linear map, to bound the cost of a large label set.
 """
 
 from __future__ import annotations
@@ -38,14 +33,7 @@ class _CrossAttentionLayer(nn.Module):
 class MLDecoderHead(nn.Module):
     """``(B, F, h, w)`` feature map (or ``(B, N, F)`` tokens) to ``(B, C)`` logits through learned queries.
 
-    Args:
-        in_features: backbone channels ``F``.
-        num_labels: output classes ``C``.
-        dim: decoder width the feature map is projected to.
-        heads: attention heads (must divide ``dim``).
-        layers: decoder layers.
-        dropout: dropout in attention and feed-forward blocks.
-        groups: number of queries; ``None`` (or ``>= C``) is one query per class.
+    ``heads`` must divide ``dim``; ``groups`` ``None`` (or ``>= C``) is one query per class.
     """
 
     uses_feature_map = True

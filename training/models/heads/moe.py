@@ -1,16 +1,11 @@
 """Mixture-of-experts head, trained in two phases (see :class:`training.models.two_phase.TwoPhase`).
 
-Phase 1 is the plain linear head, trained with the backbone. Phase 2 freezes the backbone and replaces the single
-classifier by ``K`` linear experts mixed per image by a softmax gate on the pooled feature, so different regions
-of feature space (views, sites, patient groups) can get their own decision boundaries for the tail classes without
-disturbing the representation. The experts start as copies of the phase-1 head and the gate starts uniform, so the
-output at the switch is the phase-1 output up to the noise; the noise is what breaks the symmetry: with identical
-experts the gate's gradient is exactly zero and all experts would receive the same update forever.
-
-The phase is a buffer, so every checkpoint (best, last), a resumed fit, ``make evaluate`` and the served model see
-the head that was trained at that point. Experts and gate exist from the start so the optimiser built before the
-first step holds them; in phase 1 they are outside the graph (no gradient, so AdamW skips them), and in phase 2
-the phase-1 weights are.
+Phase 2 freezes the backbone and replaces the linear head by ``K`` experts mixed per image by a softmax gate, so
+regions of feature space (views, sites) get their own tail boundaries without disturbing the representation. The
+experts start as noisy copies of the phase-1 head and the gate uniform: the output at the switch is phase 1's up
+to the noise, and the noise breaks the symmetry (identical experts give the gate zero gradient forever). The
+phase is a buffer, so every checkpoint, a resume and the served model see the head trained at that point; experts
+and gate exist from the start so the optimiser built before the first step holds them.
 """
 
 from __future__ import annotations
@@ -65,14 +60,9 @@ class MoEHead(ExpertPhase, nn.Module):
     """Pooled ``(B, F)`` features to ``(B, C)`` logits: linear in phase 1, a gated mixture of experts in phase 2.
 
     Args:
-        in_features: backbone feature size ``F``.
-        num_labels: output classes ``C``.
-        experts: number of experts ``K``.
-        noise: standard deviation of the perturbation added to each expert's copy of the phase-1 weights, relative
-            to those weights' standard deviation.
+        noise: std of the perturbation of each expert's copy, relative to the phase-1 weights' std.
         balance_weight: weight of the load-balancing term ``K * sum_k(mean gate_k)^2 - 1`` (the squared
-            coefficient of variation of the experts' batch importance; 0 when every expert gets the same share),
-            which keeps the gate from collapsing onto one expert.
+            coefficient of variation of the experts' batch importance), which keeps the gate from collapsing.
     """
 
     def __init__(

@@ -1,13 +1,10 @@
 """A query-decoder head whose output layer becomes a mixture of experts in a second phase (``head=moe_decoder``).
 
-Overview Table 2, Task 1 row C trains in two phases: first the backbone with a query-based decoder head, then
-only the backbone's last layers and the classification head, with a mixture of experts. Phase 1 here is exactly
-:class:`~training.models.heads.ml_decoder.MLDecoderHead`. At the switch (:class:`training.models.two_phase.TwoPhase`)
-the decoder's group fully-connected output layer is copied into ``K`` experts, mixed per image by a softmax gate on
-the mean decoded query; the decoder's attention keeps training. As in :class:`~training.models.heads.moe.MoEHead`
-the copies differ by a little noise (identical experts would get identical updates forever) and the gate starts
-uniform, so the output at the switch is the phase-1 output up to that noise. The phase is a buffer, so every
-checkpoint, a resumed fit and the served model see the head that was trained at that point.
+Overview Table 2, Task 1 row C: first the backbone with a query-based decoder head, then only the last layers and
+the head, with a mixture of experts. Phase 1 is :class:`~training.models.heads.ml_decoder.MLDecoderHead`; at the
+switch its group fully-connected output layer is copied into ``K`` experts gated on the mean decoded query, and
+the decoder's attention keeps training. Noise, uniform gate and phase buffer as in
+:class:`~training.models.heads.moe.MoEHead`.
 """
 
 from __future__ import annotations
@@ -22,12 +19,7 @@ from training.models.heads.moe import ExpertPhase
 class MoEDecoderHead(ExpertPhase, MLDecoderHead):
     """``(B, F, h, w)`` map to ``(B, C)`` logits: an ML-Decoder in phase 1, its output layer as experts in phase 2.
 
-    Args:
-        in_features, num_labels, dim, heads, layers, dropout, groups: as :class:`MLDecoderHead`.
-        experts: number of experts ``K``.
-        noise: perturbation of each expert's copy of the phase-1 output layer, relative to its standard deviation.
-        balance_weight: weight of the load-balancing term (the squared coefficient of variation of the experts'
-            share of the batch), which keeps the gate from collapsing onto one expert.
+    Arguments as :class:`MLDecoderHead` and :class:`~training.models.heads.moe.MoEHead`.
     """
 
     def __init__(
