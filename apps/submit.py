@@ -1,27 +1,12 @@
 """What ``make submit`` does (its command line: :mod:`apps.submit_cli`): predict the test images with the champion (or an ensemble) and write a validated submission.
 
-Images. By default the test split of the data manifest the (first) model's source run was trained on; or any
-manifest (``--manifest``, images relative to ``--root`` or the manifest's folder), so the organisers' unlabelled
-test set is scored the same way. With ``--template`` the rows are the template's ids, looked up in the manifest: the organisers' test list as
-released (its evaluation images are test rows of the release's manifest) or their sample submission.
-
-Models. Each ``--model`` is a registry URI (``models:/cxrlt-task1@champion``, ``models:/cxrlt-task1/3``), a
-``runs:/<id>`` URI or a bare run id; several are averaged (probabilities, after each one's own TTA), which is the
-checkpoint ensemble of the challenge's winners. Every member must predict the same labels. ``ensemble:<run id>``
-(alone) names a ``make ensemble`` run instead: its members, weighted per class as its checked
-``ensemble/weights.json`` says (:mod:`apps.ensemble`), replace the plain mean.
-
-The file (:mod:`apps.submission`) is the upload zip by default (``--out <name>.zip``: the CSV and ``code/``, the
-source at the first member's commit with its config and this command line), or the bare CSV (``--out
-<name>.csv``). It is validated before it is written and again as written, then logged to each member's source run
-under ``submissions/``.
-
-What is written depends on the task (``submission_format`` in ``configs/task/<task>.yaml``,
-:data:`WRITERS`): the CXR-LT probability CSV (``probabilities``, the default), or, for concept detection
-(``task=rocov2_concepts``), ImageCLEF's run file (``concepts``): each test image's concepts at or above thresholds
-chosen on the source run's validation split to maximise the mean per-image F1 (:mod:`evaluation.concept_thresholds`,
-``--thresholds global|per_class``), written and validated by :func:`apps.benchmarks.imageclef_concepts.scoring.write_run`, with
-the thresholds beside it (``<out>.thresholds.json``).
+Images: the test split of the (first) model's training manifest by default, any ``--manifest``, or the ids of a
+``--template``, so the organisers' unlabelled test set is scored the same way. Several ``--model`` are averaged
+(probabilities, after each one's own TTA), the checkpoint ensemble of the challenge's winners; ``ensemble:<run
+id>`` uses a ``make ensemble`` run's per-class weights instead (:mod:`apps.ensemble`). The file
+(:mod:`apps.submission`) is validated before and after it is written, then logged to each member's source run.
+What is written depends on the task's ``submission_format`` (:data:`WRITERS`): the CXR-LT probability CSV, or
+ImageCLEF's concept run file with thresholds chosen on validation (docs/concepts.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Concept-detection thresholds chosen on validation to maximise ImageCLEF's mean per-image F1 (pure numpy).
 
-ImageCLEFmedical Caption scores a concept run per image: the F1 between the predicted and the true concept set,
-``2 |P & T| / (|P| + |T|)``, averaged over the images whose true set is not empty (an image without concepts is
-left out). A model gives a probability per kept concept (CUI); a concept is predicted when its probability is at
-or above its threshold. True concepts outside the model's columns (CUIs too rare to be labels) still count in
-``|T|`` (``missed``): they are what the run cannot find, and the official score counts them.
-
-Two ways to choose the thresholds (:data:`MODES`):
-
-- ``global``: one threshold for every concept, the best over every distinct validation score (an exact sweep:
-  lowering the threshold past one (image, concept) score changes one image's F1, so the mean F1 at every cut is a
-  cumulative sum, computed at once for all cuts).
-- ``per_class``: coordinate ascent from the global threshold. Each concept in turn (label order) gets the
-  threshold that maximises the mean F1 with every other concept's threshold held fixed, again exactly over its
-  distinct validation scores, "predict never" included; a concept moves only when that strictly raises the mean
-  F1, so no step lowers it, and rounds repeat until a round moves nothing (or ``max_rounds``). The result is a
-  coordinate-wise optimum on validation, at least as good there as the global threshold it started from. Concepts
-  with fewer than ``min_positives`` validation positives are not fitted and keep the global threshold: validation
-  says nothing about them beyond "never", which would forbid them on test too.
-
-Cut placement follows :mod:`evaluation.thresholds`: halfway between the lowest score kept and the next lower
-distinct score (so the validation predictions are reproduced and unseen scores in the gap split evenly); when every
-score is kept, the lowest score itself; for "never", halfway between the highest score and 1 (just above the
-highest score when that is 1). Between equally good cuts the higher threshold wins (fewer concepts predicted).
+A concept is predicted when its probability is at or above its threshold. The F1 ``2 |P & T| / (|P| + |T|)`` is
+averaged over images with a non-empty true set; true concepts outside the model's columns still count in
+``|T|`` (``missed``), as the official score counts them. :data:`MODES` are ``global`` (one exact sweep: the
+mean F1 at every cut is a cumulative sum) and ``per_class`` (coordinate ascent from the global threshold that
+moves a concept only when the mean F1 strictly rises, so it never ends below the global threshold on
+validation; concepts with fewer than ``min_positives`` validation positives keep the global one, since
+validation only says "never" of them). Rules: docs/concepts.md, "Thresholds for the per-image F1". Cut placement
+follows :mod:`evaluation.thresholds`; between equally good cuts the higher threshold wins.
 """
 
 from __future__ import annotations
@@ -39,13 +24,8 @@ FALLBACK = 0.5  # threshold when validation has no image with a true concept
 class ConceptThresholds:
     """Thresholds chosen on validation, with what they achieved there.
 
-    Attributes:
-        mode: ``global`` or ``per_class``.
-        thresholds: ``(C,)`` one per concept column (all equal for ``global``).
-        global_threshold: the best single threshold (the per-class search's start).
-        val_f1: mean per-image F1 on validation at ``thresholds``.
-        global_f1: mean per-image F1 on validation at ``global_threshold``.
-        rounds: coordinate-ascent rounds run (0 for ``global``).
+    ``thresholds`` is ``(C,)``, one per concept column (all equal for ``global``); ``val_f1`` and ``global_f1`` are
+    the validation mean per-image F1 at ``thresholds`` and at ``global_threshold`` (the per-class search's start).
     """
 
     mode: str
@@ -229,8 +209,6 @@ def choose_thresholds(truth: np.ndarray, scores: np.ndarray, mode: str = "per_cl
 
     Args:
         truth: ``(N, C)`` validation truth (1 = the image carries the concept).
-        scores: ``(N, C)`` validation probabilities.
-        mode: a key of :data:`MODES`.
         missed: ``(N,)`` true concepts of each image outside the C columns.
         **options: ``max_rounds`` and ``min_positives`` of the per-class search.
 

@@ -1,29 +1,12 @@
 """Paired bootstrap between runs judged on one test set: is run B really better than run A, or is it noise?
 
-Why paired: two runs scored on the same images share that test set's luck (an easy draw of tail positives lifts
-both), so the difference is measured in every resample on the *same* images, with the same draws for every run
-(docs/rules.md §3: resample ``b`` is the ``b``-th child of the seed, stratified by source), and the spread of
-those per-resample differences is much narrower than the two runs' own intervals suggest.
-
-Definitions (docs/compare.md says how to read them):
-
-- **difference** ``d = m(B) - m(A)`` on the full test set; per resample ``d*_b`` the same on resample ``b``
-  (resamples where the metric is undefined are dropped, as §3 drops them from an interval);
-- **95 % CI**: percentile interval of the ``d*_b`` (``evaluation.bootstrap.percentile_ci``);
-- **p-value**, two-sided, by inverting the percentile interval (Efron & Tibshirani, *An Introduction to the
-  Bootstrap*, 1993, ch. 15-16) with the Monte-Carlo ``+1`` correction (Davison & Hinkley, *Bootstrap Methods and
-  their Application*, 1997, ch. 4; North, Curtis & Sham, Am. J. Hum. Genet. 71, 2002):
-  ``p = min(1, 2 * (1 + min(#{d*_b <= 0}, #{d*_b >= 0})) / (n + 1))`` over the ``n`` defined resamples. So
-  ``p < 0.05`` exactly when (up to one resample) the 95 % interval leaves out 0, a run compared with itself gets
-  ``p = 1``, and no p-value is below ``2 / (n + 1)``: with ``m`` tests Holm can only reach ``alpha`` when
-  ``n + 1 > 2 m / alpha`` (:func:`smallest_holm_p`).
-- **multiple comparisons**: Holm's step-down correction (Holm, Scand. J. Statist. 6, 1979) within a family of
-  tests, which controls the family-wise error under any dependence between the tests.
-- **seeds**: an entry may hold several runs of one configuration (seeds). Its value in resample ``b`` is the mean
-  of its seeds' values there; the seed-to-seed spread, which one test set cannot show, is added as a between-seed
-  term: ``d*_b += z_b * sqrt(s_A^2 / S_A + s_B^2 / S_B)``, with ``s^2`` the sample variance over an entry's ``S``
-  seeds of its full-test-set values and ``z_b`` standard normal draws from a stream no resample uses. Its
-  variance is then test-set sampling plus seed sampling of the mean (law of total variance); one seed adds nothing.
+Why paired: two runs scored on the same images share that test set's luck, so the difference is measured in
+every resample on the *same* images (docs/rules.md §3), and its spread is much narrower than the two runs' own
+intervals suggest. The difference, its percentile CI, the two-sided p-value by inverting the percentile
+interval with the Monte-Carlo ``+1`` (Efron & Tibshirani 1993, ch. 15-16; Davison & Hinkley 1997, ch. 4), Holm's
+correction within a family (Holm 1979) and the between-seed term added for entries of several seeds are
+defined in docs/compare.md. No p-value is below ``2 / (n + 1)``, so Holm over ``m`` tests can only reach
+``alpha`` when ``n + 1 > 2 m / alpha`` (:func:`smallest_holm_p`).
 """
 
 from __future__ import annotations
@@ -179,8 +162,7 @@ def entry_replicates(targets: np.ndarray, probs_per_seed: Sequence[np.ndarray], 
                      n_boot: int, seed: int, strata: np.ndarray | None = None, threshold: float = DEFAULT_THRESHOLD,
                      per_class: str = "ap", macros: Sequence[str] | None = None) -> dict[str, Replicates]:  # fmt: skip
     """One entry's :class:`Replicates` of every ranking-chain macro (or of ``macros``) and of ``per_class`` (key
-    ``per_class``), over the shared resamples ``(n_boot, seed, strata)`` of ``evaluation.suite.compute_suite``, one
-    row per seed.
+    ``per_class``), over the shared resamples of ``evaluation.suite.compute_suite``, one row per seed.
 
     Every entry of a comparison must be given the same ``targets``, ``strata`` and resampling arguments: that is
     what makes the resamples the same images for every run.

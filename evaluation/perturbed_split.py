@@ -1,25 +1,13 @@
 """One perturbed copy of an evaluation split for every model: perturbed at the source resolution, stored once.
 
-Perturbing after each model's own resize would hand a 224-px and a 384-px model different pixels: the black
-border, the interpolation and the noise field would all be drawn at two sizes. The challenge's robustness set is
-one fixed copy of the evaluation images (docs/rules.md §4), so here each image is perturbed as decoded, *before*
-any resize, and every model then resizes and normalises the stored perturbed image exactly as it does its plain
-test images (the split's own resize mode and transform, :meth:`ManifestDataset.model_input`).
-
-* **Parameters**: :func:`evaluation.perturb.draw_params`, per image index from the fixed seed; translation is a
-  fraction of each image's own width and height, so the geometry does not depend on the resolution.
-* **Canonical size**: the source image, downscaled (area) only where its longer side exceeds ``max_side``
-  (``evaluation.perturbation.max_side``, :data:`CANONICAL_MAX_SIDE` by default; aspect kept; ``null``: the exact
-  source). Every bundled and synthetic set is smaller, so for them this *is* the source resolution; the CXR-LT
-  release's PadChest films (about 2,700 px) are stored at 1,024 px, which is still above the largest input any
-  Table 2 model uses (768 px), so no model upsamples a perturbed image, and costs 1 GB instead of 7 GB per 1,000.
-* **Noise** is added at that canonical resolution, as part of the stored copy; a model that downsamples the copy
-  averages the noise down with it (docs/evaluation.md, "The perturbed set at the source resolution").
-* **Cache** ``data/cache/perturbed/<split>-<source fingerprint>-<side>-seed<seed>-v<format>/``: ``pixels.u8`` (every
-  image's uint8 pixels back to back, memory-mapped), ``shapes.npy`` ``(N, 2)`` and ``meta.json`` (ids, every
-  image's parameters, each file's size and modification time). The key names the split's images, the canonical
-  side, the seed and the pipeline version, never a model's input size, so models of any size share one copy. The
-  folder is built under a temporary name and renamed, so an interrupted build leaves nothing that looks complete.
+Perturbing after each model's own resize would hand a 224-px and a 384-px model different pixels (border,
+interpolation and noise drawn at two sizes). The challenge's robustness set is one fixed copy of the images
+(docs/rules.md §4), so each image is perturbed as decoded, capped at ``max_side``, and every model then resizes
+the stored copy as it does its plain test images. Translation is a fraction of each image's size, so geometry
+does not depend on resolution. The cache key names the images, side, seed and pipeline version, never a
+model's input size, so models of any size share one copy; it is built under a temporary name and renamed, so an
+interrupted build leaves nothing that looks complete. See docs/evaluation.md, "The perturbed set at the source
+resolution".
 """
 
 from __future__ import annotations
@@ -122,12 +110,9 @@ def perturbed_sources(dataset, split: str = "test", seed: int = PERTURB_SEED,
     """The perturbed copy of ``dataset``'s images at the canonical size, built on first use and then loaded.
 
     Args:
-        dataset: a :class:`training.data.dataset.ManifestDataset` (``source_image``, ``source_fingerprint``,
-            ``image_ids``, ``root``, ``paths``).
-        split: names the copy in its folder (``test``).
+        dataset: a :class:`training.data.dataset.ManifestDataset`.
         seed: :data:`evaluation.perturb.PERTURB_SEED` for the official report.
         max_side: canonical longer side (None: the exact source resolution).
-        cache_dir: parent folder of the copies; created if missing.
         workers: decoding threads; 0 means up to four, one per CPU.
 
     Returns:

@@ -1,22 +1,11 @@
 """How an evaluation's numbers are laid out for MLflow 3's UI, where a run has hundreds of metrics.
 
-A Task 1 run logs 740 to 810 metrics, 270 of them per class (``test/ap/<class>``, ``test/auroc/<class>``, ...). MLflow
-lists metrics alphabetically wherever it lists them all (the compare page, the runs table's column picker), so the
-per-class ones push ``test/mAP`` down the list, and nowhere do they read as a table of classes. Two layouts help:
-
-- **The per-class table** (``evaluation/per_class.json``): one row per class, one column per per-class value, in
-  MLflow's own table format (what ``mlflow.log_table`` writes) and registered in the run's
-  ``mlflow.loggedArtifacts`` tag. The run's Artifacts tab then shows it as a table, and the experiment page's
-  *Artifact evaluation* view puts it side by side for the visible runs, one class per row, which the alphabetical
-  metric list cannot do. Written whether or not the per-class values are also logged as metrics
-  (``evaluation.per_class_metrics``), so turning those off loses nothing a person can see.
-- **The headline view** (an experiment tag ``mlflow.sharedViewState.<id>``): a saved view of the runs table with
-  the headline metrics as columns, sorted by the selection metric, listed under the runs table's *Views* button.
-  MLflow 3 shows no metric column by default, whatever the number of metrics, and keeps a chosen column in one
-  browser's local storage; a saved view lives on the server, so every teammate's browser has it.
-
-Both formats were read from MLflow 3.17's UI bundle and checked in a browser (docs/evaluation.md, "Comparing runs
-in the MLflow UI"); they are UI conventions, not a documented API, so ``tests/integration/test_ui_browser.py``
+MLflow lists metrics alphabetically, so per-class ones push ``test/mAP`` down the list and never read as a table
+of classes. Two layouts help (docs/evaluation.md, "Comparing runs in the MLflow UI"): the per-class table
+(``evaluation/per_class.json``, MLflow's table format, shown side by side by the *Artifact evaluation* view;
+written even when per-class metrics are off, so nothing visible is lost) and the headline view (a saved runs-table
+view stored as an experiment tag, so it lives on the server for every teammate). Both formats are UI
+conventions read from MLflow's UI bundle, not a documented API, so ``tests/integration/test_ui_browser.py``
 (``-m browser``) is what notices when an MLflow upgrade changes them.
 """
 
@@ -56,13 +45,12 @@ def per_class_metric_names(evaluation) -> set[str]:
 
 def per_class_table(evaluation) -> pd.DataFrame:
     """One row per class in label order: every per-class value of the plain test set (column ``test/ap`` holds
-    metric ``test/ap/<class>``), the AP of each other metric set (``test_tta/ap``, ``test_perturbed/ap``: per class
-    nowhere else), then the class's head-to-tail group, training prevalence and test positives, and the class's
-    readable name where the data source gives one (``name``: a ROCOv2 concept's name beside its CUI).
+    metric ``test/ap/<class>``), the AP of each other metric set, then the class's group, training prevalence,
+    test positives and readable name where the data source gives one.
 
     ``test/ap`` comes right after ``class`` because the *Artifact evaluation* view compares the first column after
-    the one it groups by. A value that is undefined (a class without test positives has no AP) stays missing
-    rather than zero, so it is never ranked or averaged as a real score.
+    the one it groups by. An undefined value stays missing rather than zero, so it is never ranked or averaged as a
+    real score.
     """
     labels = list(evaluation.labels)
     columns: dict[str, object] = {"class": labels}
@@ -109,21 +97,11 @@ def headline_view_tag(
 ) -> dict[str, str]:
     """The experiment tag of the runs table's *Headline metrics* saved view.
 
-    Columns: the selection metric at the kept checkpoint (``<selection metric>_best``), ``<set_prefix>/`` with each
-    metric of the challenge's ranking chain in chain order, the mAP of that set's perturbed copy and of its held-out
-    subset (docs/rules.md §10: the organisers' stability check; ``evaluation.headline``), each test figure followed
-    by its bootstrap interval (``_ci_low``, ``_ci_high``), so that two runs a few thousandths apart are not read
-    as ranked when their intervals overlap; rows sorted by the selection metric, best first, as ``make register``
-    ranks runs (never by a test metric: docs/rules.md §2). Open it from the runs table's *Views* button, or with
-    ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``. The run tags ``tags`` come last, where MLflow
-    puts tag columns (``cxrlt.debug``: a smoke run is told from a full one whatever its name).
-
-    Args:
-        selection_metric: the task's ``selection_metric`` (``val/mAP``; ``val/proxy_ood_mAP`` for Task 2).
-        set_prefix: the metric set whose headline metrics are shown (``test_unseen`` for a zero-shot task).
-        descending: whether a larger selection metric is better.
-        now_ms: the view's creation time in ms (the UI shows it); the current time when None.
-        tags: run tags shown as columns.
+    Columns: the selection metric at the kept checkpoint, ``<set_prefix>/`` with the ranking chain's metrics, the
+    perturbed and held-out mAP, each test figure with its interval (so runs a few thousandths apart are not read as
+    ranked when their intervals overlap), then the run tags ``tags``. Rows are sorted by the selection metric, as
+    ``make register`` ranks runs (never by a test metric: docs/rules.md §2). Open it from the *Views* button, or
+    ``#/experiments/<id>/runs?viewStateShareKey=cxrlt-headline``. ``now_ms``: the view's creation time (None: now).
     """
     best = f"{selection_metric}_best"
     family = Headline(FAMILIES.get(set_prefix, SEEN_SETS))

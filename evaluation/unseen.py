@@ -1,27 +1,12 @@
 """The unseen-class report of a zero-shot run: scores of the classes training never saw, overall and per centre.
 
-Two steps, like :func:`evaluation.evaluate.evaluate` and :func:`evaluation.evaluate.store`: :func:`compute_unseen`
-is pure (predictions and metrics, nothing logged), :func:`store_unseen` writes it into a run. The unseen labels
-come from the data module: the full manifest the leak guard set aside (``unseen_test_targets`` for the test split,
-``unseen_split`` for the held-out draw). Every macro metric carries its bootstrap CI (docs/rules.md §3). Two
-reference points ride along on the same machinery: a seeded uniform-random score (``test_unseen_random/...``: AUROC
-0.5, AP about the prevalence) and the prevalence baseline mAP.
-
-CXR-LT 2026 scores Task 2 on two fixed test sets, an internal one (PadChest-GR) and an external one (NIH), and
-resamples within source for its cross-centre analyses. Here every figure resamples within its centres: per centre
-(``<set>/source/<name>/...``), the internal test, the external test (every other centre), and, by the platform's
-choice, the pooled test too (all images; each resample keeps every source's image count, ``evaluation.bootstrap``),
-since it is two fixed test sets and not one sample; ``evaluation.conventions.unseen_pooled_bootstrap: whole``
-resamples it as one set, and the other reading is logged as ``test_unseen/alternative/...``
-(:mod:`evaluation.conventions`). Which centre is internal
-is a definition, not a property of the data: the data config names it (``data.internal_source``: ``padchest`` for
-CXR-LT 2026), since "the centre with most training images" would change with a user's subset. Without that key
-the internal/external reports are left out (logged); the mapping is recorded as run tags.
-
-The paper's Task 2 analyses are four sets of the same scopes (``evaluation.metric_registry.UNSEEN_SETS``): the
-test set (``test_unseen``), its test-time-augmented copy (``test_unseen_tta``, the run's ``tta`` views), its fixed
-perturbed copy (``test_unseen_perturbed``, the robustness set every model meets, docs/rules.md §4) and the
-held-out stability draw of the development set (``heldout_unseen``, docs/rules.md §10).
+:func:`compute_unseen` is pure, :func:`store_unseen` logs it; the unseen labels come from the full manifest the
+leak guard set aside. A seeded uniform-random score and the prevalence baseline ride along as references.
+Every figure resamples within its centres, the pooled test too (two fixed test sets, not one sample; the other
+reading is an alternative, :mod:`evaluation.conventions`). Which centre is internal is a definition, named by
+``data.internal_source``, since "the centre with most training images" would change with a user's subset;
+without it the internal/external reports are left out. The sets are those of
+``evaluation.metric_registry.UNSEEN_SETS`` (docs/rules.md §4, §10).
 """
 
 from __future__ import annotations
@@ -70,18 +55,12 @@ class UnseenReport:
     """What :func:`compute_unseen` found; :func:`store_unseen` logs it.
 
     Attributes:
-        metrics: flat ``test_unseen/...`` (pooled, all classes), ``test_unseen/{pooled,internal,external}/...`` and
-            ``test_unseen/source/<name>/...`` (macros), the same under ``test_unseen_random/``, and the other sets
-            of ``UNSEEN_SETS`` (``test_unseen_tta/...``, ``test_unseen_perturbed/...``, ``heldout_unseen/...``).
-        predictions: one row per test image: ids, source, the unseen probabilities and ``true/<class>``.
-        unseen: the unseen class names.
+        metrics: flat ``test_unseen/...`` (pooled, all classes), ``test_unseen/{pooled,internal,external}/...``,
+            ``test_unseen/source/<name>/...``, the same under ``test_unseen_random/``, and the other sets of
+            ``UNSEEN_SETS``.
         internal: the internal centre, or None without a source column.
-        external: the other centres.
         sources: the test's centres; with more than one, every bootstrap resampled within them.
-        transfer: how unseen scores were made (the adapter's transfer and whether it was chosen), or None.
         frames: predictions of the other sets by prefix (``test_unseen_tta``, ..., ``heldout_unseen``).
-        heldout: the held-out draw behind ``heldout_unseen/...``, or None.
-        pooled_bootstrap: how the pooled test was resampled (``evaluation.conventions.unseen_pooled_bootstrap``).
     """
 
     metrics: dict[str, float]

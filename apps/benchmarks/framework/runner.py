@@ -1,14 +1,9 @@
 """The shared runner: any protocol, any model, the same steps.
 
-1. :func:`draw_subsets`: check the version and the data root, then the protocol draws its subsets.
-2. :func:`load_model`: one encoder answering all the protocol's targets (``apps.benchmarks.framework.models``).
-3. :func:`encode_draw`: every image column of every subset through the encoder once, cached on disk.
-4. ``protocol.predict``: the protocol's methods turn the encoded test (and training) items into answers.
-5. :func:`bootstrap_scores`: the protocol's metrics on all test items and on each resample of its bootstrap.
-6. ``protocol.extras``: whatever the protocol reports beyond that table (per-group tables, figures).
-
-The runner is independent of where the results go: it returns a :class:`BenchmarkResult`;
-:mod:`apps.benchmarks.framework.report` prints it and :mod:`apps.benchmarks.framework.tracking` logs it.
+Draw the subsets, load one encoder answering all the protocol's targets, encode every image column once
+(cached on disk), let the protocol predict, bootstrap its metrics, then ask for its extras. The runner is
+independent of where the results go: it returns a :class:`BenchmarkResult`, which
+:mod:`apps.benchmarks.framework.report` prints and :mod:`apps.benchmarks.framework.tracking` logs.
 """
 
 from __future__ import annotations
@@ -45,16 +40,10 @@ class BenchmarkResult:
     """What one benchmark run produced.
 
     Attributes:
-        protocol: the protocol that was run.
-        draw: its subsets.
-        encoder: the model, answering every target of the protocol.
         table: one row per (method, metric): :data:`TABLE_COLUMNS`.
         scores: one row per test item, from the protocol's methods.
-        n_boot: bootstrap resamples behind the intervals.
-        notes: lines for the reader (missing methods, fit convergence, cache use).
         params: the draw's and the methods' facts, logged as MLflow params.
         cache_hits: subset name -> whether all its encoder outputs came from the cache.
-        extras: what the protocol reports beyond the table (:meth:`Protocol.extras`).
     """
 
     protocol: Protocol
@@ -192,14 +181,7 @@ def run_benchmark(
 ) -> BenchmarkResult:
     """Encode the draw (cached), let the protocol answer, score the answers with bootstrap intervals.
 
-    Args:
-        protocol: the protocol.
-        draw: its subsets (:func:`draw_subsets`).
-        encoder: the model, answering every protocol target (:func:`load_model`).
-        root: the data root the subsets' image paths are relative to.
-        n_boot: bootstrap resamples (1,000 in the protocols).
-        cache_dir: encoder-output cache folder (``None``: no cache).
-        batch_size: images per forward pass.
+    ``root`` is the data root the subsets' image paths are relative to; ``cache_dir=None``: no cache.
     """
     missing = [t.label for t in protocol.targets if t.label not in encoder.target_labels]
     if missing:
