@@ -1,19 +1,11 @@
 """Which trial of a Pareto front to register: the one nearest the utopia point, objectives normalised over the front.
 
-Why this rule. Every front trial is optimal for some weighting of the objectives, so a choice among them needs a
-rule, and a rule with a knob (a floor per objective, a weight) needs the team to set it per task. Distance to the
-utopia point needs none: each objective is rescaled over the front's trials, so that the front's best value is 1
-and its worst 0 (direction taken into account, so ``mECE`` is turned round), and the trial with the smallest
-Euclidean distance to (1, ..., 1) wins, i.e. the most balanced trade-off, the knee of a convex front. Rescaling
-makes the rule blind to units (an ECE of 0.02 and an mAP of 0.3 weigh alike) and to a constant objective (all
-front trials equal there: every one is at 1). Ties, which a two-trial front always gives (both ends are at
-distance 1), go to the better value of the task's selection metric when it is an objective (else the first
-objective), then to the earlier trial.
-
-Where the front comes from: the newest tuning-study parent run of the experiment that recorded objectives (tag
-``cxrlt.objectives``), its trial runs tagged ``cxrlt.pareto_front=true`` by the tuner, and their values at the kept
-checkpoint (``<metric>_best``). Only MLflow is read, never the Optuna storage, so ``make register`` works wherever
-the tracking store is. No torch, no Optuna: the registry's ranking imports this.
+Why this rule: every front trial is optimal for some weighting, and a rule with a knob (a floor, a weight) needs
+the team to set it per task; distance to (1, ..., 1) after min-max rescaling over the front needs none, picks the
+most balanced trade-off (the knee of a convex front), and is blind to units and to a constant objective. Ties
+(a two-trial front always ties) and where the front comes from: docs/tuning-registry-submission.md,
+"Multi-objective tuning". Only MLflow is read, never the Optuna storage, so ``make register`` works wherever the
+tracking store is; no torch, no Optuna, since the registry's ranking imports this.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The metrics a multi-objective study optimises, each with the direction the metric registry gives it.
 
-Why from the registry: whether a smaller value wins is a fact about the metric (``mECE`` is lower-is-better
-everywhere the platform ranks runs), so ``make tune OBJECTIVES="val/mAP val/mECE"`` takes no direction from the
-user and cannot disagree with ``make register`` or the reports.
-
-Which names. An objective is judged on validation (the test set never picks a model), so it is ``val/<metric>``,
-``val/group/<group>/<metric>`` (the head-to-tail groups of docs/rules.md section 5) or a task's own validation
-metric ending in a registry name (``val/proxy_ood_mAP`` of the zero-shot task is an ``mAP``). A name outside that
-is refused before anything starts, with the closest known names. Whether the training really logs a known name
-every epoch is only seen once a trial validates: a trial whose validation never logged an objective fails, and
-its run's ``optuna.error`` tag lists what the validation did log.
+Why from the registry: whether smaller wins is a fact about the metric, so the user gives no direction and cannot
+disagree with ``make register`` or the reports. An objective is judged on validation (the test set never picks a
+model); names outside the accepted forms (docs/tuning-registry-submission.md, "Multi-objective tuning") are
+refused before anything starts. Whether training really logs a known name is only seen once a trial validates.
 """
 
 from __future__ import annotations

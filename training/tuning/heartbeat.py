@@ -1,29 +1,14 @@
 """A trial's liveness across workers: heartbeats that outlast a failed write, the grace rule, and a live worker
-whose trial was declared dead anyway.
+whose trial was declared dead anyway (docs/scaling.md, "Tuning on many machines").
 
-Heartbeats. Optuna beats for a running trial from a thread of the worker's process, every
-``tune.heartbeat_interval`` seconds, whatever the trial is doing: a slow training step, a busy CPU or a long test
-phase do not delay it, since a beat needs milliseconds of CPU and the interpreter lock, which training releases
-all the time (measured: at a load of 10 on two cores, every trial's last beat was under 30 s old at its end).
-What delays a beat is its database write, which waits for the database (SQLite's file lock up to the engine's
-busy timeout, PostgreSQL's connection up to its connect timeout) and may then fail. Optuna's heartbeat thread ends
-at the first write that fails: the trial goes silent for good while its worker trains on, and another worker
-fails it once ``tune.grace_period`` is over (then the live worker crashes on finishing a trial that is already
-FAIL). :class:`SteadyHeartbeatStorage` logs the failed write instead, and the thread beats again one interval
-later.
+Optuna's heartbeat thread ends at the first failed database write, so a live worker's trial goes silent for good
+and another worker fails it; :class:`SteadyHeartbeatStorage` logs the failure and beats again one interval later.
+A beat itself is not delayed by a busy training (milliseconds of CPU); only its write waits for the database.
 
-Grace period. The slowest realistic gap between two written beats of a live worker is one beat lost to the
-slowest write: an interval, that write's whole wait, a second interval, plus the storage clock's one-second step
-(SQLite stores seconds). :func:`min_grace_period` is that sum; a ``tune.grace_period`` below it is named when the
-storage opens. The defaults, 30 s and 150 s, cover it for SQLite's 60 s lock wait (121 s), the slowest of the
-storages, and for PostgreSQL's 10 s connect timeout (71 s), with room for a starved scheduler. A shorter grace
-period finds a dead worker's trial sooner, at the risk of failing a live one.
-
-Taken over. A worker silent past the grace period (its machine suspended, the database unreachable for longer
-than that) is dead to the others: its trial is failed and queued again, and a retry runs the same point. When it
-comes back it must not finish that trial, which Optuna refuses with an error: :func:`ensure_running`, asked before
-fitting, after each validation and before the trial returns, raises :class:`TrialTakenOver`, and
-:func:`optimize_until_done` says so in one line and goes on with the study.
+:func:`min_grace_period` is the slowest gap between two written beats of a live worker: two intervals, the
+slowest write's whole wait, and the storage clock's one-second step; a shorter ``tune.grace_period`` is named
+when the storage opens. A worker silent past the grace period that comes back must not finish its trial (Optuna
+refuses a finished FAIL): :func:`ensure_running` raises :class:`TrialTakenOver`, and the study goes on.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A study's plots as one interactive page (``plots.html`` in the parent run), drawn by Optuna's plotly backend.
 
-Interactive because a study's questions are interactive: which trials does a line in the parallel-coordinate plot
-belong to, what were their other parameters, where do the pruned ones sit. Optuna's static matplotlib plots answer
-none of that and their parallel coordinates are unreadable beyond a handful of trials. One page, with plotly.js
-inlined once, because MLflow's artifact viewer shows an HTML file in place but cannot fetch a CDN script on an
-offline cluster, and four self-contained files would carry plotly.js (about 4.8 MB) four times.
+Interactive because a study's questions are (which trials a parallel-coordinate line belongs to, where the pruned
+ones sit); Optuna's static plots answer none of that. One page with plotly.js inlined once, because MLflow's
+artifact viewer cannot fetch a CDN script on an offline cluster and four files would carry it four times.
 """
 
 from __future__ import annotations

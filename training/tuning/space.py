@@ -1,19 +1,9 @@
 """Search spaces declared in YAML (``configs/hparams_search/<name>.yaml``), turned into Optuna suggestions.
 
-A space maps config keys to distribution strings; a key that names a config group (``loss``) swaps the group,
-any other key sets a value, exactly as a Hydra override would::
-
-    params:
-      model.lr: log_uniform(1e-4, 1e-2)
-      loss: choice(bce, asl, ldam, db)
-    conditional:            # drawn only when the parent parameter took that option
-      loss:
-        asl: {loss.gamma_neg: uniform(1, 6), loss.clip: uniform(0.0, 0.1)}
-
-The parser knows distributions only through :data:`DISTRIBUTIONS` (name -> ``trial.suggest_*`` call), so a new
-distribution is one entry there. Parameter names in Optuna are the config keys themselves, so the trials table,
-the importance plot and the MLflow params all read ``model.lr``; a key declared under two options must therefore
-use the same kind of distribution (Optuna rejects a float and a categorical under one name).
+Format: docs/tuning-registry-submission.md, "Tuning". Distributions are known only through
+:data:`DISTRIBUTIONS`, so a new one is one entry there. Optuna parameter names are the config keys themselves,
+so the trials table, importance plot and MLflow params all read ``model.lr``; a key declared under two options
+must therefore use the same kind of distribution (Optuna rejects a float and a categorical under one name).
 """
 
 from __future__ import annotations

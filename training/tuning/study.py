@@ -1,37 +1,16 @@
 """The study: storage, sampler and pruner from config, the parent MLflow run, and the shared trial budget.
 
-Storage. Any SQLAlchemy URL Optuna accepts; by default a SQLite file in ``mlruns/``. A study is found by name,
-so restarting the same command resumes it, and several workers (processes or machines) pointed at one storage
-share it. Trial numbers are assigned by the storage inside its insert transaction, so they are unique and
-contiguous however many workers there are.
+User-facing rules (budget counting, several workers, dead-worker retries): docs/tuning-registry-submission.md,
+"Tuning", and docs/scaling.md, "Tuning on many machines". Design points kept here:
 
-Budget. ``tune.trials=N`` means "until the study holds N trials that did not fail": COMPLETE, PRUNED and
-RUNNING ones, counted by Optuna's ``MaxTrialsCallback`` after each trial of each worker, and before the first
-(:func:`trials_left`, this worker's ``n_trials``). A FAIL is not counted, so a dead worker's trial is replaced by its
-retry (below) and a trial that failed (diverged, bad combination) by a new point, on that run of the command or the
-next: one run starts at most N trials. So ``TRIALS=8`` after a finished ``TRIALS=6`` adds two. Workers check the
-count independently: two that finish at the same moment may both start one more, so a study of W workers can end
-with up to W - 1 trials over N (docs/tuning-registry-submission.md, Several workers).
-
-Stopped workers. Storage heartbeats are on (:mod:`training.tuning.heartbeat`: how a live worker's trial is kept from
-being declared dead, and the grace rule): a trial whose worker died (kill -9, lost node) stops beating and,
-once silent for ``tune.grace_period`` seconds, is marked FAIL by the next worker that starts, or that starts or
-finishes a trial; its MLflow run is closed KILLED, and Optuna's ``RetryHeartbeatStaleTrialCallback`` queues the
-same parameters again as a new trial, up to ``tune.max_retry`` times, which the next free worker runs. A worker
-started while a dead worker's trial is not yet stale counts it as RUNNING and, with no slot left, stops saying so:
-rerunning the command once the grace period is over finishes the study, losing no point of its search.
-
-PostgreSQL. ``tune.storage=postgresql://user@host/db`` (password from ``PGPASSWORD`` or ``~/.pgpass``, or inline,
-which is then redacted wherever the URL is logged or tagged) is how workers on several machines share a study;
-the engine checks pooled connections before use, so a database restart does not fail the next trial.
-
-Parent run. Exactly one per study: the worker whose ``create_study`` inserted the study creates it and stores
-its id in the study's user attributes; the others (``DuplicatedStudyError``, i.e. what ``load_if_exists`` does)
-wait for that id. This is ``load_if_exists=True`` unrolled, so the one creator is known.
-
-Several objectives (``tune.objectives``): ``create_study(directions=...)``, the metrics kept in the study's user
-attributes so that resuming with other objectives is refused, and no pruner, since Optuna prunes single-objective
-trials only; a pruner the config asks for is replaced by ``NopPruner`` with a warning saying so.
+- ``tune.trials=N`` counts trials that did not fail, so a dead worker's trial is replaced by its retry; workers
+  count independently, so W workers may end with up to W - 1 trials over N.
+- Exactly one parent run per study: the worker whose ``create_study`` inserted the study creates it and stores its
+  id in the study's user attributes; the others wait for it (``load_if_exists=True`` unrolled, so the one
+  creator is known).
+- The PostgreSQL engine checks pooled connections before use, so a database restart does not fail the next trial.
+- Several objectives: no pruner (Optuna prunes single-objective trials only; a configured one is replaced by
+  ``NopPruner`` with a warning), and the metrics are stored so resuming with other objectives is refused.
 """
 
 from __future__ import annotations
@@ -149,9 +128,8 @@ def build_storage(cfg: DictConfig) -> optuna.storages.RDBStorage:
 def open_study(cfg: DictConfig, storage: optuna.storages.BaseStorage) -> tuple[optuna.Study, bool]:
     """Create the study or load it by name; returns ``(study, created_here)``.
 
-    The sampler is seeded with ``tune.seed`` plus the trials the study already holds plus ``tune.worker``: a
-    restart draws new points instead of replaying its first ones, and parallel workers started at the same
-    moment (same trial count) draw different ones as long as each has its own ``tune.worker``.
+    The sampler seed adds the trials already held and ``tune.worker``, so a restart draws new points instead of
+    replaying its first ones, and parallel workers with their own ``tune.worker`` draw different ones.
     """
     name = str(cfg.tune.study)
     goals = study_goals(cfg)
@@ -213,8 +191,8 @@ def experiment_id(client: MlflowClient, cfg: DictConfig) -> str:
 def await_parent(study: optuna.Study, created: bool, wait_s: float = 120.0) -> str | None:
     """The parent run id the study's creator recorded, waiting up to ``wait_s`` for it unless we are the creator.
 
-    Waiting touches only the Optuna storage: a worker must not open the MLflow store before the creator has,
-    since two processes initialising a fresh MLflow database at once race in its schema migration.
+    Waiting touches only the Optuna storage: two processes initialising a fresh MLflow database at once race in its
+    schema migration, so a worker must not open the MLflow store before the creator has.
     """
     deadline = time.monotonic() + (0.0 if created else wait_s)
     while PARENT_ATTR not in study.user_attrs and time.monotonic() < deadline:

@@ -1,22 +1,12 @@
 """One Optuna trial = one ordinary tracked training run, nested under the study's parent run.
 
-The trial draws its parameters from the search space, composes the ``train`` config with them as Hydra overrides
-(so a group such as ``loss=asl`` is swapped exactly as on the command line), and hands it to
-:func:`training.pipeline.run_training` with Optuna's Lightning pruning callback. Nothing about training is
-duplicated here: a trial run has the same params, per-epoch metrics, checkpoint and test evaluation as a
-``make train`` run, plus tags saying which study and trial it belongs to and how it ended.
+Parameters become Hydra overrides (so ``loss=asl`` swaps the group as on the command line) and the trial runs
+:func:`training.pipeline.run_training`: nothing about training is duplicated here.
 
-Run states. ``optuna.state`` on the MLflow run is Optuna's own state name: ``COMPLETE``, ``PRUNED`` or ``FAIL``.
-A complete trial's run is FINISHED (tested, checkpoint stored). A pruned trial's run is ended **KILLED**, not
-FINISHED, because the platform's contract is that a FINISHED run is complete (tested, with a best checkpoint);
-``make register`` therefore never picks a pruned trial. Its working checkpoints are deleted, since a pruned
-trial is not meant to be resumed. A failed trial's run is FAILED.
-
-Several objectives (``tune.objectives``, :mod:`training.tuning.goals`). The checkpoint is kept by the first
-objective, and every objective is read at that kept epoch, so a trial's point on the Pareto front is one model's
-(the one ``make register`` would register), not the best epoch of each metric pieced together. The objectives
-other than the first are logged on the run as ``<metric>_best`` beside the pipeline's ``<first>_best``. Optuna
-cannot prune a multi-objective trial (``Trial.report`` is single-objective only), so no pruning callback runs.
+A pruned trial's run ends **KILLED**, not FINISHED, because a FINISHED run on this platform is tested with a best
+checkpoint; ``make register`` therefore never picks one, and its working checkpoints are deleted. With several
+objectives every one is read at the epoch the first objective kept, so a trial's Pareto point is one model's (the
+one ``make register`` would register), not the best epochs of each metric pieced together; no pruning then.
 """
 
 from __future__ import annotations
@@ -141,12 +131,6 @@ class Objective:
     Args:
         compose: ``overrides -> config``, composing the root ``tune`` config (``hydra.compose`` in the CLI).
         overrides: the command line's overrides, applied to every trial.
-        space: the parsed search space.
-        metric: logged metric to optimise, e.g. ``val/mAP``.
-        direction: ``maximize`` or ``minimize``.
-        parent_run_id: the study's MLflow run; every trial run is nested under it.
-        study_name: recorded on every trial run.
-        worker: this worker's number (``tune.worker``), recorded on every trial run.
         goals: a multi-objective study's objectives (``metric`` and ``direction`` are then its first); the trial
             returns one value per goal, read at the kept epoch (module docstring), and is never pruned.
     """
