@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from apps.benchmarks.framework.extra import INSTALL
-from apps.benchmarks.imageclef_captions.scoring import caption_scores, constant_caption, read_caption_run, read_captions
+from apps.benchmarks.imageclef_captions.scoring import caption_scores, constant_caption, read_captions
 from tests.conftest import shared_data
 
 pytestmark = pytest.mark.realdata
@@ -36,7 +36,8 @@ def test_constant_caption_floor_on_test(splits, tmp_path):
         writer = csv.writer(handle)
         writer.writerow(["ID", "Caption"])
         writer.writerows((image_id, caption) for image_id in test)
-    run = read_caption_run(run_path, list(test))
+    run = read_captions(run_path)
+    assert list(run) == list(test)
     scores = caption_scores(test, run, bertscore_model=None)
     print(f"constant caption {caption!r}:", *scores.summary(), sep="\n  ")
     for name in ("rouge1", "bleu1", "meteor", "cider"):

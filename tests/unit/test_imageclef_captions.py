@@ -19,8 +19,6 @@ from apps.benchmarks.imageclef_captions.scoring import (
     EmptyCaptionFile,
     MalformedRow,
     MissingColumns,
-    MissingIds,
-    UnknownId,
     bleu1,
     caption_scores,
     cider,
@@ -29,7 +27,6 @@ from apps.benchmarks.imageclef_captions.scoring import (
     meteor,
     nearest_caption,
     preprocess,
-    read_caption_run,
     read_captions,
     resolve_local_model,
     rouge1_f,
@@ -399,25 +396,13 @@ def test_read_captions_errors(tmp_path):
         read_captions(write(tmp_path / "dup.csv", 'ID,Caption\na,x\nb,"y\nz"\na,w\n'))
 
 
-TEST_IDS = ["t1", "t2", "t3"]
-
-
-@pytest.mark.parametrize("header", ["", "ID,Caption\n"])
-def test_read_caption_run(tmp_path, header):
-    path = write(tmp_path / "run.csv", header + 't2,"a, b"\nt1,c\n\nt3,\n')
-    assert read_caption_run(path, TEST_IDS) == {"t2": "a, b", "t1": "c", "t3": ""}
-
-
-def test_read_caption_run_errors(tmp_path):
-    with pytest.raises(UnknownId, match="line 2: image id 'x9' is not a test image"):
-        read_caption_run(write(tmp_path / "unknown.csv", "t1,a\nx9,b\n"), TEST_IDS)
-    with pytest.raises(DuplicateId, match=r"line 4: image id 't1' given again \(first on line 2\)"):
-        read_caption_run(write(tmp_path / "dup.csv", "ID,Caption\nt1,a\nt2,b\nt1,c\n"), TEST_IDS)
-    with pytest.raises(MissingIds, match="1 of 3 test images have no caption .*line 2.*: t3"):
-        read_caption_run(write(tmp_path / "missing.csv", "t1,a\nt2,b\n"), TEST_IDS)
-    with pytest.raises(MalformedRow, match="line 1: 3 field"):
-        read_caption_run(write(tmp_path / "commas.csv", "t1,a,b\n"), TEST_IDS)
-    with pytest.raises(EmptyCaptionFile):
-        read_caption_run(write(tmp_path / "empty.csv", ""), TEST_IDS)
-    with pytest.raises(EmptyCaptionFile):
-        read_caption_run(write(tmp_path / "header.csv", "ID,Caption\n"), TEST_IDS)
+def test_a_run_is_read_as_a_caption_table_and_must_caption_exactly_the_references(tmp_path):
+    path = write(tmp_path / "run.csv", 'ID,Caption\nt2,"a, b"\nt1,c\n\nt3,\n')
+    assert read_captions(path) == {"t2": "a, b", "t1": "c", "t3": ""}
+    with pytest.raises(MalformedRow, match="line 2: 1 field"):
+        read_captions(write(tmp_path / "short.csv", "ID,Caption\nt1\n"))
+    references = {"t1": "a", "t2": "b", "t3": "c"}
+    with pytest.raises(
+        ValueError, match=r"1 reference ids without a caption \['t3'\], 1 run ids not in the references \['x9'\]"
+    ):
+        caption_scores(references, {"t1": "a", "t2": "b", "x9": "c"}, bertscore_model=None, lexical=False)

@@ -70,7 +70,7 @@ NOT_AVAILABLE = {
 }
 """The task's other metrics, each n/a with the reason: every one needs model weights this machine does not have."""
 ID_COLUMN, CAPTION_COLUMN = "ID", "Caption"
-MAX_LISTED = 5  # ids listed in a missing-ids message before summarising
+MAX_LISTED = 5  # ids listed per kind when a run and its references differ
 
 # ---------------------------------------------------------------------------------------------------------------
 # Preprocessing
@@ -101,8 +101,7 @@ def preprocess(text: str) -> str:
 
 
 class CaptionFileError(ValueError):
-    """A caption table or run file that cannot be scored; the message names the file and, where there is one, the
-    line."""
+    """A caption table that cannot be scored; the message names the file and, where there is one, the line."""
 
 
 class EmptyCaptionFile(CaptionFileError):
@@ -119,14 +118,6 @@ class MalformedRow(CaptionFileError):
 
 class DuplicateId(CaptionFileError):
     """An image id given twice."""
-
-
-class UnknownId(CaptionFileError):
-    """A run's image id that is not a test image."""
-
-
-class MissingIds(CaptionFileError):
-    """Test images the run gives no caption for."""
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -186,52 +177,6 @@ def read_captions(path: str | Path) -> dict[str, str]:
     if not captions:
         raise EmptyCaptionFile(f"{path}: header only, no captions")
     return captions
-
-
-def read_caption_run(path: str | Path, test_ids: Sequence[str] | Mapping[str, str]) -> dict[str, str]:
-    """A submitted run: ``<image id>,<caption>`` per line, one line for every test image, with or without an
-    ``ID,Caption`` header (recognised by its first field being ``ID``, any case). Returns id -> caption.
-
-    Args:
-        path: the run file (plain or gzipped CSV; a caption containing a comma or a quote must be quoted).
-        test_ids: the test images (a reference mapping's keys will do).
-
-    Raises:
-        EmptyCaptionFile: no rows.
-        MalformedRow: a line that is not exactly two fields, or an empty id.
-        UnknownId: an id that is not a test image (with its line).
-        DuplicateId: an id given twice (with both lines).
-        MissingIds: test images without a caption (how many, the first few ids, the number of lines read).
-    """
-    path = Path(path)
-    expected = set(test_ids)
-    run: dict[str, str] = {}
-    lines: dict[str, int] = {}
-    last = 0
-    for number, (line, fields) in enumerate(_rows(path)):
-        last = line
-        if number == 0 and fields[0].strip().lower() == ID_COLUMN.lower():
-            continue  # the header
-        if len(fields) != 2:
-            raise MalformedRow(f"{path}: line {line}: {len(fields)} field(s), expected 2 (<image id>,<caption>; "
-                               f"quote a caption that contains a comma): {fields}")  # fmt: skip
-        image_id = fields[0].strip()
-        if not image_id:
-            raise MalformedRow(f"{path}: line {line}: empty image id")
-        if image_id not in expected:
-            raise UnknownId(f"{path}: line {line}: image id {image_id!r} is not a test image")
-        if image_id in run:
-            raise DuplicateId(f"{path}: line {line}: image id {image_id!r} given again (first on line "
-                              f"{lines[image_id]})")  # fmt: skip
-        run[image_id], lines[image_id] = fields[1], line
-    if not run:
-        raise EmptyCaptionFile(f"{path}: no captions")
-    absent = [i for i in test_ids if i not in run]
-    if absent:
-        listed = ", ".join(absent[:MAX_LISTED]) + (f" and {len(absent) - MAX_LISTED} more" if len(absent) > MAX_LISTED else "")  # fmt: skip
-        raise MissingIds(f"{path}: {len(absent)} of {len(expected)} test images have no caption (file ends at line "
-                         f"{last}): {listed}")  # fmt: skip
-    return run
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -487,7 +432,7 @@ def caption_scores(references: Mapping[str, str], run: Mapping[str, str],
 
     Args:
         references: the true captions; the scores follow its order.
-        run: a caption for every reference id and no other (as :func:`read_caption_run` guarantees).
+        run: a caption for every reference id and no other.
         bertscore_model: a hub repo id or a local folder; ``None`` skips BERTScore. Weights are used only when on
             this machine (see :func:`resolve_local_model`); otherwise ``bertscore`` is NaN with the reason in
             ``not_computed``.
