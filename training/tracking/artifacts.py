@@ -1,10 +1,8 @@
 """A run's artifacts are read from inside its artifact folder, never through a symbolic link placed there.
 
-In a local or shared-disk artifact store anyone who can write a run's folder can replace ``checkpoints/`` or
-``config.yaml`` by a link to somewhere else (another team's runs, ``~/.ssh``), and MLflow's download follows it: the
-platform would then build from, or copy out, files that were never logged. Every read-back of a run goes through
-:func:`download`, which refuses a link anywhere between the run's artifact root and the file by name. Remote stores
-(``mlflow-artifacts:``, ``s3://``...) serve bytes, not links, and are read as they are.
+Anyone who can write a run's folder in a local or shared-disk store can replace ``checkpoints/`` by a link
+elsewhere (another team's runs, ``~/.ssh``), and MLflow's download follows it. :func:`download` refuses a link
+anywhere between the run's artifact root and the file. Remote stores serve bytes, not links.
 """
 
 from __future__ import annotations

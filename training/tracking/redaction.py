@@ -1,15 +1,10 @@
 """Secrets never leave the process: config values under secret-looking keys and credentials inside any text are blanked.
 
-:func:`redact` blanks config values under secret-looking keys (the secret word may sit anywhere in the key:
-``aws_secret_access_key``, ``authorization``, ``pw``, ``cred``, ``hub.key``), and :func:`redact_text` blanks
-credentials inside any string (URL userinfo, ``Bearer``/``Basic`` credentials, secret ``name=value`` pairs such as a
-URL's ``?access_token=``), the value of any secret-looking environment variable (``DB_PW``, ``HF_TOKEN``) and every
-value this process has seen under a secret key (:func:`remember_secrets`: the command line's secret overrides, so a
-library that prints them back, like Hydra's failure message, shows ``***``). The one list of key words is
-documented in docs/development.md ("Secrets"). It is applied to params, tags, ``config.yaml``, Lightning's
-hyperparameters, checkpoints, registered specs, reports and the terminal (:mod:`training.tracking.terminal`).
-Over-redacting a harmless value is preferred to leaking a secret; ``tests/unit/test_tracking_faults.py`` checks
-that none of the platform's own config keys is blanked.
+:func:`redact` blanks values under secret-looking keys (the word anywhere in the key); :func:`redact_text` blanks
+credentials inside any string, secret environment variables' values, and every value seen under a secret key
+(:func:`remember_secrets`, so a library that prints overrides back, like Hydra, shows ``***``). The one list of
+key words: docs/development.md, "Secrets". Over-redacting a harmless value is preferred to leaking a secret;
+``tests/unit/test_tracking_faults.py`` checks that none of the platform's own config keys is blanked.
 """
 
 from __future__ import annotations
@@ -120,10 +115,9 @@ def _words(name: str) -> list[str]:
 def is_secret_key(path: str, value=None) -> bool:
     """Whether ``value``, found under the key ``path`` (dotted, parents included), must be blanked.
 
-    Secret-looking words are matched anywhere in the path, so a secret's children are secret too
-    (``credentials.user``). The rules err on the side of blanking: a harmless value under an odd name may be
-    hidden, but a secret is never shown because of how its key is spelled. Only values that cannot carry a secret
-    stay: nothing (``None``, ``""``), a boolean, and a number under a quantity word (see ``QUANTITY_WORDS``).
+    Matched anywhere in the path, so a secret's children are secret too (``credentials.user``); a secret is never
+    shown because of how its key is spelled. Only values that cannot carry a secret stay: ``None``, ``""``, a
+    boolean, and a number under a quantity word (``QUANTITY_WORDS``).
     """
     words = _words(path)
     secret = (
@@ -166,9 +160,8 @@ def _pair(match: re.Match) -> str:
 def redact_text(text: str) -> str:
     """``text`` with every credential it shows replaced by ``***``.
 
-    URL passwords, ``Bearer``/``Basic`` credentials, ``Authorization``/``Cookie`` header values, the value of a
-    secret-named ``name=value`` / ``name: value`` pair (``?token=...``, ``+db.pw=...``) and the values of secret
-    environment variables, so tags and messages built from commands, URLs or errors leak nothing either.
+    Covers URL passwords, ``Bearer``/``Basic`` credentials, header values, secret-named ``name=value`` pairs and
+    secret environment variables' values, so tags and messages built from commands, URLs or errors leak nothing.
     """
     text = URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<2>", text)
     text = URL_TOKEN.sub(rf"\g<1>{REDACTED}\g<2>", text)

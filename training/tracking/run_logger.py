@@ -35,11 +35,8 @@ METRIC_NAME = re.compile(r"[^a-zA-Z0-9_/. -]+")
 class RunLogger(MLFlowLogger):
     """An ``MLFlowLogger`` whose run stays open until the pipeline closes it, and outlives a tracking outage.
 
-    Lightning finalises the logger at the end of ``fit`` and again after ``test``; the platform still has to test
-    and upload artifacts after ``fit``, so the terminal status is set once, by :meth:`TrackingSession.close`.
-
-    Epoch metrics that cannot reach a tracking server are kept in :attr:`unsent` (and in :attr:`spool`, so a
-    later ``resume`` can send them) and sent first the next time the server answers.
+    Lightning finalises the logger after ``fit`` and after ``test``, but the platform still tests and uploads
+    after ``fit``, so the terminal status is set once, by :meth:`TrackingSession.close`.
     """
 
     def __init__(self, *args, **kwargs):
@@ -60,9 +57,8 @@ class RunLogger(MLFlowLogger):
     def remember_logged(self) -> None:
         """Note every ``(key, step)`` the resumed run already holds, so no value is logged twice (:meth:`not_logged`).
 
-        Lightning may re-run the end of the epoch a checkpoint was saved in (its validation, hence its metrics)
-        when it resumes from that checkpoint, and a run killed in its test phase runs that phase again; the run
-        keeps the value it already has (the same one: the test phase is a function of the kept checkpoint).
+        Lightning may re-run the end of the checkpoint's epoch on resume, and a run killed in its test phase runs it
+        again; the run keeps the value it has (the same one: the test is a function of the kept checkpoint).
         """
         client, run_id = self.experiment, self.run_id
         for key in client.get_run(run_id).data.metrics:
@@ -87,8 +83,8 @@ class RunLogger(MLFlowLogger):
         """Log with the epoch as MLflow's step (or :attr:`step_of`'s); buffer instead while a tracking server is
         unreachable.
 
-        The platform logs epoch-level metrics only (step-level values would be re-logged after a resume), so the
-        epoch is the natural x axis in the MLflow UI; Lightning's extra ``epoch`` pseudo-metric is dropped.
+        Epoch-level only (step-level values would be re-logged after a resume), so the epoch is the MLflow x axis;
+        Lightning's extra ``epoch`` pseudo-metric is dropped.
         """
         metrics = dict(metrics)
         epoch = metrics.pop("epoch", None)
@@ -115,10 +111,9 @@ class RunLogger(MLFlowLogger):
     def flush(self) -> bool:
         """Send the buffered metrics if the server answers; returns whether nothing is left unsent.
 
-        A failed send is retried at the next call; the buffer is mirrored to :attr:`spool` whenever it is not
-        empty, so even a process killed during the outage leaves its metrics for ``resume``. Sending is
-        idempotent: after a failed attempt, values the server already holds (same key, step and timestamp; a
-        buffered value keeps its original timestamp) are dropped first, so no epoch is logged twice.
+        The buffer is mirrored to :attr:`spool` while not empty, so a process killed during the outage leaves its
+        metrics for ``resume``. Idempotent: after a failed attempt, values the server already holds (same key, step and
+        original timestamp) are dropped first, so no epoch is logged twice.
         """
         if not self.unsent:
             return True

@@ -1,24 +1,14 @@
 """Opening, resuming and closing the MLflow run of one training.
 
-Lightning's ``MLFlowLogger`` does the metric and parameter logging. This module decides *which* run a training
-writes to (a new one, or the unfinished one it resumes), where its working checkpoints live, and when the run is
-declared finished: only after testing and artifact upload succeeded, so a FINISHED run is always complete.
+This module decides *which* run a training writes to (new, or the unfinished one it resumes), where its working
+checkpoints live, and when the run is FINISHED: only after testing and artifact upload succeeded, so a FINISHED
+run is always complete.
 
-A tracking server that goes away (http(s) tracking URIs only; a local SQLite store cannot):
-
-* **At start** the server's ``/health`` is asked with a short timeout before anything is created, so a wrong
-  URI or a stopped server fails in seconds with :class:`TrackingUnavailable` instead of MLflow's client retrying
-  for minutes.
-* **During fitting** epoch metrics that cannot be sent are buffered, in memory and in
-  ``<checkpoint_dir>/unsent_metrics.json``, and sent, in order, at the first epoch the server answers again.
-  Training never stops for the server.
-* **After fitting** (test metrics, artifacts, the terminal status) the session waits up to
-  ``tracking.reconnect_timeout`` seconds for the server. If it is still gone, the training ends with
-  :class:`TrackingUnavailable` (non-zero exit) naming the run; the run stays RUNNING on the server, its local
-  checkpoints and unsent metrics are kept, and ``resume=<run id>`` once the server is back sends the buffered
-  metrics, tests and finishes the same run.
-
-Secrets are blanked by :mod:`training.tracking.redaction` before anything reaches the run.
+A tracking server that goes away (docs/scaling.md, "When the tracking server goes away"): checked at start so a
+wrong URI fails in seconds; during fitting metrics are buffered (:mod:`training.tracking.run_logger`) and training
+never stops for the server; after fitting the session waits ``tracking.reconnect_timeout`` seconds, then ends with
+:class:`TrackingUnavailable`, leaving the run RUNNING with its checkpoints and unsent metrics for
+``resume=<run id>``.
 """
 
 from __future__ import annotations
@@ -205,8 +195,8 @@ def config_yaml(cfg: DictConfig) -> str:
 def open_session(cfg: DictConfig, tags: dict[str, str]) -> TrackingSession:
     """Create the run (or reopen the one to resume), tag it and log the resolved config.
 
-    With ``resume=true`` the newest unfinished run of the same config continues from its ``last.ckpt``; with
-    ``resume=<run id>`` that run does. When nothing matches, a new run starts and the log says so.
+    ``resume=true`` continues the newest unfinished run of the same config; ``resume=<run id>`` that run. When
+    nothing matches, a new run starts and the log says so.
 
     Raises:
         TrackingUnavailable: the tracking server does not answer (checked before anything is created).

@@ -1,10 +1,8 @@
 """Hydra's record of a sweep (``<sweep dir>/multirun.yaml``) is kept redacted, like everything else on disk.
 
-``make compare`` runs a Hydra multirun, and Hydra saves the sweep's whole config there, the command line's
-overrides included, before the first job starts: ``+model.hub_token=...`` would sit in clear under ``mlruns/sweeps/``
-for as long as the grid runs and after. :class:`RedactSweepRecord` (a Hydra callback, ``hydra.callbacks`` in
-``configs/train.yaml``) rewrites the file through :func:`training.tracking.redaction.redact` when each job starts
-(the first start comes right after Hydra's save) and when the sweep ends.
+Hydra saves the sweep's whole config, overrides included, before the first job starts, so ``+model.hub_token=...``
+would sit in clear under ``mlruns/sweeps/``. :class:`RedactSweepRecord` (a Hydra callback) rewrites it through
+:func:`training.tracking.redaction.redact` when each job starts and when the sweep ends.
 """
 
 from __future__ import annotations

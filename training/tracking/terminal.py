@@ -1,14 +1,9 @@
 """The terminal is as public as the tracking store: every line the process prints goes through the redaction.
 
-Cluster job logs, ``tee`` files and CI output are kept and shared, and several libraries print what they were given:
-Hydra repeats every override when a job fails ("Error executing job with overrides: [...]"), a traceback shows the
-URL a client could not reach. Rather than chase each printer, :func:`redact_terminal` wraps ``sys.stdout`` and
-``sys.stderr`` once, at the start of an entry point, so logging handlers, ``print``, warnings and tracebacks all
-write through :func:`training.tracking.redaction.redact_text`, after the command line's own secret overrides are
-remembered (:func:`training.tracking.redaction.remember_overrides`).
-
-Each write is redacted as it comes: ``print`` and logging hand over whole lines, and holding back partial lines
-would break progress bars that redraw with ``\\r``.
+Job logs and CI output are kept and shared, and libraries print what they were given (Hydra repeats every
+override when a job fails). Rather than chase each printer, :func:`redact_terminal` wraps ``sys.stdout`` and
+``sys.stderr`` once per entry point. Each write is redacted as it comes: holding back partial lines would break
+progress bars that redraw with ``\\r``.
 """
 
 from __future__ import annotations

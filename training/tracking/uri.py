@@ -1,12 +1,8 @@
 """Which MLflow store a command talks to, decided in one place.
 
-Every entry point (training, tuning, ``make evaluate``, ``register``, ``submit``, ``benchmark``) and every Makefile
-target (``make ui`` and ``make serve`` through ``python -m training.tracking.uri``) asks this module, so they all
-read and write the same store. Before it existed, ``make serve`` fell back to MLflow's own default and looked for
-the registered model in a stray ``./mlflow.db``.
-
-Precedence: ``MLFLOW_TRACKING_URI`` (one variable points everything at a team server) > the configured URI
-(``configs/tracking/mlflow.yaml``) > :data:`DEFAULT_TRACKING_URI`.
+Every entry point and Makefile target (``make ui``, ``make serve`` through ``python -m training.tracking.uri``)
+asks this module, so they all read and write the same store. Precedence: ``MLFLOW_TRACKING_URI`` (one variable
+points everything at a team server) > the configured URI > :data:`DEFAULT_TRACKING_URI`.
 """
 
 from __future__ import annotations
@@ -29,11 +25,9 @@ def resolve_tracking_uri(configured: str | None = None) -> str:
 def tracking_client(uri: str | None = None) -> MlflowClient:
     """An ``MlflowClient`` on ``uri`` (already resolved by the caller) or on :func:`resolve_tracking_uri`'s store.
 
-    The only place a client is made outside the training logger, so no command can end up on another store. A
-    tracking server is asked for its health once per process first, so a command on a server that does not answer
-    fails in seconds with one line instead of MLflow's client retrying for minutes. The store is opened through
-    :func:`training.tracking.store_lock.ensure_store`, so commands started together on a fresh SQLite store do not
-    race through its creation.
+    The only place a client is made outside the training logger, so no command ends up on another store. A server is
+    health-checked once per process (fails in seconds, not after minutes of retries), and the store is opened through
+    :func:`training.tracking.store_lock.ensure_store`, so commands started together do not race its creation.
     """
     from mlflow import MlflowClient  # imported here: `python -m training.tracking.uri` serves the Makefile fast
 
