@@ -1,15 +1,10 @@
 """``make pseudo-label``: a finished run fills the unlabelled cells of another dataset's manifest.
 
-``make pseudo-label MODEL=<run id|models:/...> MANIFEST=<manifest> ROOT=<image dir> OUT=<new manifest>
-[THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train"]`` predicts the images of the chosen splits and, for
-every class the model knows, turns each empty cell into 1 when the probability reaches the class's threshold
-(``prob >= t``, the platform's convention) and 0 otherwise. Labelled cells and classes the model does not know are
-copied as written; a class the manifest lacks becomes a column of its own. ``MARGIN`` keeps a cell empty when the
-probability lies within it of the threshold. The thresholds are chosen on the run's own validation predictions.
-
-Only ``train`` rows are filled by default: a filled validation or test cell would score the new run against the
-teacher's guesses. What was filled, by which run and at which thresholds is the record beside the output
-(:mod:`training.data.pseudo_labels`); ``data=pseudo_labelled`` trains on it. docs/data.md, "Pseudo-labels".
+Each empty cell of a class the model knows becomes 1 at ``prob >= t`` (thresholds chosen on the run's own
+validation predictions) and 0 otherwise, unless it lies within ``MARGIN`` of the threshold; labelled cells and
+unknown classes are copied as written. Only ``train`` rows are filled by default: a filled validation or test
+cell would score the new run against the teacher's guesses. The record of what was filled lies beside the
+output (:mod:`training.data.pseudo_labels`). docs/data.md, "Pseudo-labels".
 """
 
 from __future__ import annotations
@@ -45,14 +40,12 @@ def fill_cells(values: np.ndarray, probs: np.ndarray, thresholds: np.ndarray, ro
 
     Args:
         values: ``(N, C)`` labels as the manifest holds them: 1, 0, NaN for an unlabelled cell.
-        probs: ``(N, C)`` the model's probabilities for the same images and classes.
-        thresholds: ``(C,)`` per-class thresholds; a cell is positive when ``prob >= threshold + margin``.
         rows: ``(N,)`` bool, the rows that may be filled (the chosen splits).
-        margin: cells with ``threshold - margin <= prob < threshold + margin`` stay unlabelled (0: none do).
+        margin: cells with ``threshold - margin <= prob < threshold + margin`` stay unlabelled.
 
     Returns:
-        ``(filled, pseudo)``: the labels with the filled cells (NaN where still unlabelled) and the ``(N, C)`` mask
-        of the cells that are pseudo-labels. Labelled cells are never changed.
+        ``(filled, pseudo)``: the labels (NaN where still unlabelled) and the ``(N, C)`` mask of the cells that are
+        pseudo-labels. Labelled cells are never changed.
     """
     positive = probs >= thresholds + margin
     negative = probs < thresholds - margin

@@ -1,17 +1,10 @@
 """Score a predictions file against its ground truth: ``make score PREDICTIONS=... MANIFEST=... [SPLIT=test]``.
 
-For predictions made outside the platform (an ensemble, another team's export): the same metrics, rules and
-bootstrap as every tracked run. What is scored depends on the task's ``submission_format``
-(``configs/task/<task>.yaml``, :data:`SCORERS`):
-
-- ``probabilities`` (the default): a probability CSV against a manifest split, every metric of the suite, on the
-  classes the task submits (:func:`task_labels`); the file's id and class columns may be spelt the platform's or
-  the organisers' way (:mod:`evaluation.prediction_columns`), so ``make submit``'s own file is scored as written;
-- ``concepts`` (``task=rocov2_concepts``): an ImageCLEF run file (``<ID>,<CUI>;<CUI>``) against a concept
-  ground-truth table (``ID,CUIs``, ``MANIFEST=``), by the organisers' mean per-image F1
-  (:mod:`apps.benchmarks.imageclef_concepts.scoring`): the primary F1 on all concepts, the secondary F1 on the manually validated
-  ones when ``MANUAL=`` gives that table; both with a bootstrap interval over images, then the per-concept table
-  (with the concepts' names from ``NAMES=``, or the ``cui_mapping.csv`` beside the table).
+For predictions made outside the platform: the same metrics, rules and bootstrap as every tracked run. What is
+scored depends on the task's ``submission_format`` (:data:`SCORERS`): a probability CSV against a manifest split
+(either spelling, :mod:`evaluation.prediction_columns`, so ``make submit``'s own file is scored as written), or
+an ImageCLEF concept run file by the organisers' mean per-image F1
+(:mod:`apps.benchmarks.imageclef_concepts.scoring`). docs/evaluation.md, "Scoring a file (make score)".
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The ground truth ``make score`` scores against, and which test each row belongs to.
 
-Two kinds of file are ground truth, told apart by their header:
-
-- a platform manifest (``image_id``, ``path``, ``split``, ...: what every adapter writes, docs/rules.md §6): the
-  rows of ``--split``, their ``source`` column when there is one;
-- a table in the organisers' layout (``ImageID,StudyDate_DICOM,PatientID`` then class columns in their spelling:
-  the training table for a held-out subset, a development label table): the rows whose ids the predictions hold,
-  all of one source (the data config's ``internal_source``), since the organisers' tables say nothing of centres.
-  It is read here rather than through the adapter because scoring needs labels and ids only: a team scores a
-  file without a local copy of the images.
-
-Which centre is internal is a definition (docs/rules.md §1): the data config's ``internal_source``. With ``--data``
-that config's; otherwise the ``internal_source`` of the project's data configs that names one of the file's
-sources, when exactly one does.
+Two kinds of file, told apart by their header: a platform manifest (the rows of ``--split``, docs/rules.md §6),
+or a table in the organisers' layout (the rows whose ids the predictions hold, all of the internal source,
+since the organisers' tables say nothing of centres). The latter is read here rather than through the adapter
+because scoring needs labels and ids only: a team scores a file without a local copy of the images. Which
+centre is internal is a definition (docs/rules.md §1): ``--data``'s ``internal_source``, else that of the one
+project data config naming one of the file's sources.
 """
 
 from __future__ import annotations

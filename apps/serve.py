@@ -1,19 +1,11 @@
 """``make serve``: the registered model behind MLflow's scoring server, built from this project's code.
 
-The store and the reference are checked first (:mod:`training.run_lookup`, as for every command that takes a model;
-a SQLite store that is not there is reported, never created), and a missing one is one line naming the store and
-what to run.
-
-The stored model is read as data only. ``mlflow models serve`` would run the ``pyfunc_model.py`` kept in the store,
-so anyone able to write to a shared store could run code on the serving host. Here only the stored weights
-(``weights_only``) and spec (the config allow-list of :mod:`training.runs`) are taken; the served pyfunc is saved
-afresh from the installed ``apps/pyfunc_model.py`` and handed to MLflow's scoring server (its public ``init``), so
-requests and answers keep MLflow's format. A request body above ``--max-request-mb`` is answered 413 before it is
-read.
-
-What the served model may read (docs/tuning-registry-submission.md, "Serving"): a request's ``image_b64`` always;
-an ``image`` path only under the folder given as ``--image-root`` (``make serve IMAGE_ROOT=...``), which reaches the
-model as its ``model_config``. Without it the server opens no file a request names.
+The store and the reference are checked first (:mod:`training.run_lookup`; a missing SQLite store is reported,
+never created). The stored model is read as data only: ``mlflow models serve`` would run the
+``pyfunc_model.py`` kept in the store, so anyone able to write to a shared store could run code on the serving
+host. Only the stored weights and spec are taken; the pyfunc is saved afresh from the installed
+``apps/pyfunc_model.py`` and handed to MLflow's scoring server, so requests and answers keep MLflow's format.
+What the served model may read: docs/tuning-registry-submission.md, "Serving".
 """
 
 from __future__ import annotations

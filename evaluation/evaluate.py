@@ -100,12 +100,9 @@ def evaluate(model, datamodule, cfg, val_logits: np.ndarray | None = None) -> Ev
 
     Each model pass over a split happens once: the TTA views include the plain one, whose logits are the plain
     test predictions, and the validation logits may come from the caller (the temperature fit already ran the
-    model over validation). Same batches, same model, so the same numbers as a second pass would give.
+    model over validation), giving the same numbers a second pass would.
 
     Args:
-        model: a ``MultiLabelClassifier`` holding the weights to judge (the best checkpoint).
-        datamodule: the set-up ``CXRDataModule`` the model was trained on.
-        cfg: the ``evaluation`` config node, plus ``tta`` (see ``configs/evaluation``, ``configs/tta``).
         val_logits: ``(N, C)`` validation logits of ``model`` exactly as it is now, or None to compute them.
     """
     labels = list(model.labels)

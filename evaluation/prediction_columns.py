@@ -1,18 +1,11 @@
 """The one id/label contract of every file of predictions: run predictions, submissions, templates, ``make score``.
 
-Files are written in one of two spellings and read in either:
-
-- the platform's, of manifests and run predictions (``predictions/<split>.csv``, written by the test phase):
-  :data:`ID_COLUMN` (``image_id``), the labels as the task config writes them (``Pleural Effusion``) and, in run
-  predictions, one :data:`TRUE_PREFIX` column per label;
-- the organisers', of their release and a submission (docs/rules.md §1): :data:`SUBMISSION_ID_COLUMN`
-  (``ImageID``) and their class columns (``pleural effusion``, ``pneumoperitoneo``: :mod:`evaluation.organiser_names`).
-
-A reader never asks which spelling a file uses: the id column is the one whose :func:`key` is an id's
-(``image_id``, ``ImageID``, ``Image ID``...), and a class column names a label when their keys are equal (case,
-spaces, underscores and hyphens ignored, the organisers' spellings read as the paper's names). :func:`to_platform` renames a file into the platform's spelling, so a
-submission written by ``make submit`` is scored by ``make score`` as written, and an export spelt either way is
-scored by the same rules.
+Files are written in the platform's spelling (:data:`ID_COLUMN`, the task config's labels, :data:`TRUE_PREFIX`
+columns in run predictions) or the organisers' (:data:`SUBMISSION_ID_COLUMN`, their class columns:
+:mod:`evaluation.organiser_names`; docs/rules.md §1), and read in either. A reader never asks which: the id
+column is the one whose :func:`key` is an id's, and a class column names a label when their keys are equal
+(case, spaces, underscores and hyphens ignored, the organisers' spellings read as the paper's names). So a
+submission written by ``make submit`` is scored by ``make score`` as written.
 """
 
 from __future__ import annotations

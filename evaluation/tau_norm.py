@@ -1,19 +1,12 @@
 """tau-normalisation of a linear classifier (Kang et al. 2020), tau chosen on validation, written into the head.
 
-A classifier trained on long-tailed data grows larger weight vectors for its frequent classes; dividing each class's
-vector by its norm to the power ``tau`` evens them out: ``w_c <- w_c / ||w_c||^tau`` (``tau = 0`` changes nothing,
-``tau = 1`` gives unit vectors). The bias is kept, so ``tau = 0`` is exactly the trained classifier; the paper's
-released code scores without a bias, which for a sigmoid head would throw away each class's learned prior.
-
-What it can and cannot change: class ``c``'s logit becomes ``(w_c . f) / ||w_c||^tau + b_c``, an increasing function
-of its trained logit, so each class ranks its images exactly as before and AP and AUROC (hence mAP, mAUROC) are the
-same for every ``tau``. What moves is where the probabilities sit: F1, precision and recall at a threshold, and ECE.
-Tuned by a ranking metric, every ``tau`` ties and the smallest (0) is kept.
-
-The chosen ``tau`` is written into ``model.head.weight`` before the test phase predicts, so the test, TTA, perturbed
-and held-out sets, ``predictions/*.csv`` and the re-saved ``best.ckpt`` (hence ``make submit`` and serving) use the
-normalised classifier. ``make evaluate`` on such a run starts from the stored, normalised head and tunes again;
-``tau = 0`` is in the grid, so that keeps the stored classifier unless another value scores better on validation.
+A classifier trained on long-tailed data grows larger weight vectors for frequent classes; ``w_c <- w_c /
+||w_c||^tau`` evens them out. The bias is kept, so ``tau = 0`` is exactly the trained classifier; the paper's
+code scores without a bias, which for a sigmoid head would throw away each class's learned prior. Each class's
+new logit is an increasing function of its old one, so AP and AUROC are the same for every ``tau``; only F1,
+precision, recall at a threshold and ECE move (tuned by a ranking metric, every ``tau`` ties and 0 is kept).
+The chosen ``tau`` is written into ``model.head.weight`` before the test phase, so every later prediction uses
+it; ``make evaluate`` tunes again from the stored head, and ``tau = 0`` in the grid keeps it unless another wins.
 """
 
 from __future__ import annotations

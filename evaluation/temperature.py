@@ -1,20 +1,12 @@
 """Temperature scaling fitted on validation, written into the model so every later prediction carries it.
 
-A network trained with BCE on long-tailed labels is usually over-confident, and mECE is one of the challenge's
-tie-breaks (lower wins). Dividing the logits by a positive temperature changes no class's ranking, so AP and AUROC
-stay exactly as they were, while the probabilities move towards the observed frequencies.
-
-The fit minimises the mean binary cross-entropy of ``sigmoid(z / T)`` over the labelled validation entries
-(targets of -1 are unlabelled and left out), by L-BFGS on ``log T`` in float64 so ``T`` stays positive and the
-result is the same on every run. ``global`` fits one ``T`` for all classes; ``per_class`` fits one per class, and a
-class whose labelled validation entries are all of one kind (no positive or no negative) keeps the global ``T``:
-with a single kind of target the likelihood keeps improving as ``T`` goes to 0 or infinity, which says nothing
-about the class's calibration. ``T`` is clamped to ``[min_temperature, max_temperature]``.
-
-The fitted values go into ``model.logit_temperature`` (a buffer of ``MultiLabelClassifier``), so test, TTA,
-perturbed and held-out predictions, ``predictions/*.csv``, the stored ``best.ckpt``, ``make evaluate``, ``make
-submit`` and the served model all use the same temperatures. With ``calibration=none`` a global ``T`` is still fitted
-as a diagnostic and reported, but not applied.
+A network trained with BCE on long-tailed labels is usually over-confident, and mECE is a tie-break; dividing
+the logits by a positive temperature changes no ranking, so AP and AUROC stay exactly as they were. The fit
+minimises the BCE of ``sigmoid(z / T)`` over labelled validation entries by L-BFGS on ``log T`` in float64, so
+``T`` stays positive and the result is reproducible. ``per_class`` keeps the global ``T`` for a class whose
+labelled entries are all of one kind: its likelihood keeps improving as ``T`` goes to 0 or infinity, which says
+nothing about calibration. The values go into ``model.logit_temperature``, so every later prediction (stored
+checkpoint, evaluate, submit, serving) uses them. With ``calibration=none`` a global ``T`` is only reported.
 """
 
 from __future__ import annotations

@@ -42,12 +42,6 @@ class RunSink(Protocol):
 def run_test_phase(model, datamodule, cfg, sink: RunSink) -> tuple[Evaluation, UnseenReport | None]:
     """Judge ``model`` (the weights to test, in eval mode) on the set-up ``datamodule``'s test split, into ``sink``.
 
-    Args:
-        model: a ``MultiLabelClassifier`` (or zero-shot adapter) holding the best checkpoint's weights.
-        datamodule: the data module the model was trained on, set up.
-        cfg: the run's config with its ``evaluation``, ``tta`` and (optional) ``calibration`` nodes.
-        sink: the run the results are written to.
-
     With ``calibration`` naming a fitter, ``model.logit_temperature`` holds the fitted temperatures afterwards, so
     the caller's checkpoint can carry them (training.pipeline re-saves ``best.ckpt``).
 

@@ -1,25 +1,12 @@
 """A model card across benchmarks: one table that sets a model's headline result on every benchmark it can take,
 each beside its floor, next to the model's own CXR-LT test results (docs/benchmarks.md, "Model card").
 
-The card's YAML (``configs/card.yaml``) says which benchmarks to run, on which local release, and which of each
-protocol's metrics and methods make its headline and its floor; the benchmarks themselves run unchanged through
-the shared runner (``make card`` is ``make benchmark`` once per plug-in, then this table). A row is one of
-
-- a result: a method's headline value with its 95% interval, from the benchmark's table;
-- ``n/a``: the model cannot take that method (no mapped classifier output, no text tower), with what was looked for;
-- ``not run``: no data configured, a folder missing on disk, or data the protocol cannot read, with the reason.
-
-A result below its floor (a value under any of its floors: the model does worse than the centre prior, the
-majority class, chance) is flagged in every rendering: ``below floor: <label>`` in the value cell, the
-``below_floor`` column of ``card.csv`` and a red row of the HTML. Every headline metric of the card is higher-is-
-better. A CXR-LT row also carries its run's caveats (``run_metrics[].caveats``: a flag the run logged as 1, such as
-``heldout/trained_on``, and what it means), so the held-out row keeps "the model saw these cases in training".
-The CXR-LT rows of the sets the run's task is ranked on come first (its headline, :mod:`evaluation.headline`: Task 2's
-unseen classes), the others after them, titled as what they are ("seen classes (proxy, not ranked)").
-
-Values read back from a run (its metrics, its labels inside a reason) are untrusted: non-finite numbers are shown
-as ``n/a`` and text is escaped for the markdown and HTML tables (``|``, and ``<`` / ``>``, which a markdown
-renderer would take for HTML and drop).
+The benchmarks run unchanged through the shared runner, so a card row equals what ``make benchmark`` logs. A row
+is a result, ``n/a`` (the model cannot take the method) or ``not run``, each with its reason; a result under any
+of its floors is flagged in every rendering, and a CXR-LT row keeps its run's caveats. The rows the run's task is
+ranked on come first (:mod:`evaluation.headline`). Values read back from a run are untrusted: non-finite numbers
+show as ``n/a`` and text is escaped for markdown and HTML (a renderer would take ``<`` / ``>`` for HTML and drop
+them).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The NIH grounding protocol: does a model's heatmap for a finding point at the radiologists' box?
 
-- Items: the images of an NIH ChestX-ray14 release folder that have boxes (``BBox_List_2017.csv``: 880 images,
-  984 boxes, 8 findings), read by :func:`apps.benchmarks.framework.boxes.read_nih_boxes`; the boxes stay in the release's
-  1024-px frame and are moved to the size the model sees (:meth:`~apps.benchmarks.framework.protocol.Box.in_frame`),
-  whatever size the stored files have. Versions: every image, or a draw stratified by each image's first finding.
-- Heatmaps (:mod:`apps.benchmarks.framework.heatmaps`): Grad-CAM for a platform classifier (for the finding's mapped
-  outputs), patch-text similarity for an image-text model; and two floors every report carries, a centre prior
-  and seeded random maps, so a model's figures are read against what no model at all would reach.
-- Metrics (:mod:`apps.benchmarks.framework.grounding`): pointing game (TorchRay's: the first maximum, a hit within
-  ``tolerance`` px of a box in the release's 1024-px frame) and signed CNR per (image, finding) with a box,
-  averaged per finding and over all (image, finding) pairs; 1,000 resamples of images (an image keeps all its
-  boxes), the same resamples for the model and the floors.
-
-docs/benchmarks.md (NIH grounding) states the protocol and the figures.
+The images with boxes (:func:`apps.benchmarks.framework.boxes.read_nih_boxes`) keep their boxes in the release's
+1024-px frame, moved to the size the model sees whatever size the stored files have. Heatmaps
+(:mod:`apps.benchmarks.framework.heatmaps`) are scored by :mod:`apps.benchmarks.framework.grounding` beside a
+centre prior and seeded random maps, so a model's figures are read against what no model at all would reach;
+an image keeps all its boxes in a resample. docs/benchmarks.md, "NIH grounding", states the protocol.
 """
 
 from __future__ import annotations
@@ -48,15 +40,10 @@ class GroundingProtocol(Protocol):
     """Boxes only, on an NIH release folder (``images/``, ``BBox_List_2017.csv``, ``Data_Entry_2017_v2020.csv``).
 
     Args:
-        name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`; a
-            version's value is the number of images drawn (``None``: all).
         findings: finding (the box file's, in NIH spelling) -> the prompt an image-text model grounds.
-        negative_prompt: the contrasting prompt of the zero-shot scores the runner also computes.
-        batch_size: images per heatmap pass (heatmaps are reduced to scores batch by batch: 880 images x 8
-            findings of full-size maps would not fit in memory).
-        examples: images per finding drawn as overlays in the run's artifacts.
-        tolerance: the pointing game's margin in pixels of the boxes' frame (TorchRay's 15; 0: the peak must lie
-            in a box).
+        batch_size: images per heatmap pass (maps are reduced to scores batch by batch: all full-size maps would
+            not fit in memory).
+        tolerance: the pointing game's margin in pixels of the boxes' frame (0: the peak must lie in a box).
     """
 
     methods = {"model": "Model", "centre": "Centre prior", "random": "Random"}

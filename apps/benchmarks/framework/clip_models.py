@@ -1,15 +1,10 @@
 """Image-text models through open_clip: ``clip:<model>[:<pretrained tag or weights file>]``,
 ``clip:hf-hub:<org/repo>`` or ``clip:local-dir:<folder>``.
 
-Zero-shot is, per target, the prompt margin ``cos(image, "a chest x-ray showing pneumonia") - cos(image, "a normal
-chest x-ray")`` on L2-normalised embeddings; a positive margin is the model's call for that finding. (A softmax over the two
-scaled similarities is a monotone function of this margin and is above 0.5 exactly when the margin is positive,
-so AUROC, AP and the decisions are the same either way.) Probe features are the same normalised image embeddings
-the similarities use.
-
-Without a pretrained tag (``clip:ViT-B-32``) the weights are randomly initialised, seeded with the protocol's
-seed so the result is reproducible: a sanity floor whose ROC-AUC should sit near 0.5. Named tags and ``hf-hub:``
-models download weights on first use and need network access then; tests use a tiny ``local-dir:`` config.
+Zero-shot is, per target, the margin ``cos(image, positive) - cos(image, negative)`` on L2-normalised embeddings;
+a positive margin is the call. A softmax over the two scaled similarities is monotone in this margin and above
+0.5 exactly when it is positive, so AUROC, AP and the decisions are the same either way. Without a pretrained
+tag the weights are randomly initialised with the protocol's seed: a reproducible sanity floor.
 """
 
 from __future__ import annotations

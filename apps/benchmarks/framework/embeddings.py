@@ -1,17 +1,11 @@
 """Encode a subset's images once per model and subset, and keep the result on disk.
 
-Embedding hundreds of radiographs is the slow part of a benchmark; the probe and the bootstrap take seconds. So
-the outputs of one model on one subset (embeddings, and every target's zero-shot scores and decisions) are stored
-as ``<cache_dir>/<key>.npz`` with
-
-    key = sha256(model identity | targets | subset fingerprint | image size | resize mode)[:24]
-
-The model identity changes with the weights (a checkpoint's hash, an open_clip tag or local file stamp), the
-targets with any finding's prompts or classifier outputs (the stored scores answer them), and the subset
-fingerprint with the images and labels, so a stale entry is never read; a rerun, or the other version of
-the same benchmark (both share the training draw), reuses the entry. Entries are written atomically and checked
-against the subset's image ids when read. The cache lives in the project's git-ignored ``data/cache`` by default,
-never next to the (often read-only) images.
+Embedding hundreds of radiographs is the slow part of a benchmark; the probe and the bootstrap take seconds. The
+outputs are stored as ``<cache_dir>/<key>.npz``, ``key = sha256(model identity | targets | subset fingerprint |
+image size | resize mode)[:24]``: the key changes with the weights, any finding's prompts or outputs, and the
+images and labels, so a stale entry is never read. Entries are written atomically and checked against the
+subset's image ids when read. The cache lives in the git-ignored ``data/cache`` by default, never next to the
+(often read-only) images.
 """
 
 from __future__ import annotations
@@ -82,13 +76,8 @@ def encode_subset(
 ) -> tuple[Encoded, bool]:
     """The encoder's outputs on a subset, from the cache when present; returns ``(outputs, cache_hit)``.
 
-    Args:
-        encoder: the model.
-        root: data root the ``path`` column is relative to.
-        table: the subset (``image_id``, ``path``), in the order the outputs must follow.
-        subset_fingerprint: the subset's fingerprint (part of the key).
-        cache_dir: cache folder, or ``None`` to always encode and store nothing.
-        batch_size: images per forward pass.
+    ``table`` (``image_id``, ``path``) fixes the order the outputs follow; ``cache_dir=None`` always encodes and
+    stores nothing.
     """
     ids = np.asarray(table["image_id"].astype(str).tolist(), dtype=str)  # fixed-width unicode: no pickling
     labels = np.asarray(encoder.target_labels, dtype=str)  # the zero-shot columns' order

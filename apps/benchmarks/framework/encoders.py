@@ -1,13 +1,10 @@
 """What a benchmark needs from a model, whatever its kind: embeddings for the probe and, where it can, a zero-shot
 score and decision for each of the protocol's findings.
 
-One encoder answers every target of a protocol: a model is loaded once and each image encoded once, however many
-findings the protocol asks about (a 12-finding protocol would otherwise load the model, and read every image, 12
-times). Its zero-shot outputs are therefore ``(N, T)`` columns in :attr:`Encoder.targets` order.
-
-Every image reaches a model as a square ``(size, size)`` uint8 grayscale array read by the platform's decoder
-(:func:`training.data.images.read_grayscale`, ``stretch``: the whole film squashed to the square, as in
-training; a centre crop could cut off lung fields). Each model kind then applies its own normalisation.
+One encoder answers every target of a protocol, so a model is loaded once and each image encoded once however
+many findings are asked; its zero-shot outputs are ``(N, T)`` columns in :attr:`Encoder.targets` order. Every
+image reaches a model as a square ``(size, size)`` uint8 grayscale array, stretched as in training (a centre
+crop could cut off lung fields); each model kind then applies its own normalisation.
 """
 
 from __future__ import annotations
@@ -23,13 +20,9 @@ import numpy as np
 class Target:
     """A finding a benchmark asks about, in the forms different models understand.
 
-    Attributes:
-        label: the finding's name in the protocol (``Pneumonia``); the column name of its zero-shot outputs.
-        positive_prompt: text an image-text model compares the image with (``a chest x-ray showing pneumonia``).
-        negative_prompt: the contrasting text (``a normal chest x-ray``).
-        outputs: names of a platform classifier's outputs that answer the finding, in any spelling (matched
-            case-, space- and underscore-insensitively), because a protocol's finding is often several of a
-            training vocabulary's labels (``Pleural_Thickening`` and ``Pleural Other``); empty means the label itself.
+    ``outputs`` names a platform classifier's outputs that answer the finding, in any spelling (matched case-,
+    space- and underscore-insensitively), because a protocol's finding is often several of a training
+    vocabulary's labels (``Pleural_Thickening`` and ``Pleural Other``); empty means the label itself.
     """
 
     label: str
@@ -50,12 +43,8 @@ class Target:
 class Encoded:
     """A model's outputs on a list of ``N`` images, for the ``T`` targets of its encoder (in their order).
 
-    Attributes:
-        embeddings: ``(N, F)`` float32 frozen image embeddings (the probe's features).
-        zero_shot: ``(N, T)`` float64 zero-shot scores, NaN in the column of a target the model cannot score;
-            ``None`` when it scores none of them.
-        decisions: ``(N, T)`` booleans, the model's own calls (False where it has no score); ``None`` with
-            :attr:`zero_shot`.
+    ``zero_shot`` is ``(N, T)`` float64, NaN in the column of a target the model cannot score, ``None`` when it
+    scores none; ``decisions`` are the model's own ``(N, T)`` calls (False where it has no score).
     """
 
     embeddings: np.ndarray
@@ -77,22 +66,14 @@ class Encoded:
 class Encoder(ABC):
     """One model kind. Subclasses are chosen by the model spec's prefix (``apps.benchmarks.framework.models``).
 
-    Every kind is built as ``Kind(spec, targets, tracking_uri, seed)`` and calls this ``__init__`` first.
-
-    Args:
-        spec: the model as the user named it.
-        targets: the protocol's findings; the column order of every :class:`Encoded` it returns.
-        tracking_uri: the MLflow store (kinds that live there).
-        seed: seeds any random initialisation.
+    Every kind is built as ``Kind(spec, targets, tracking_uri, seed)`` and calls this ``__init__`` first; ``targets``
+    fixes the column order of every :class:`Encoded` it returns.
 
     Attributes:
-        image_size: side of the square uint8 images :meth:`encode` expects.
-        resize: the platform decoder's resize mode for those images.
         zero_shot_kind: ``probability`` or ``margin``: what a score is, for the report.
         zero_shot_notes: target label -> why the model has no zero-shot score for it (absent: it has one).
-        mapped: platform classifiers: target label -> the model's own output names its score uses (an empty tuple
-            when none), so a report can show how a protocol's findings met the model's vocabulary; empty for
-            kinds that answer through prompts.
+        mapped: platform classifiers: target label -> the model's own output names its score uses, so a report can
+            show how a protocol's findings met the model's vocabulary; empty for kinds that answer through prompts.
     """
 
     image_size: int

@@ -1,14 +1,10 @@
 """Models trained by this platform, as benchmark encoders: a run id, or a registered model version
 (``models:/name@alias``, ``models:/name/3``) resolved to the run it came from.
 
-Loading is :func:`training.runs.load_finished`'s job, the same code ``make evaluate``, ``make serve`` and
-``make submit`` use, so a benchmark judges exactly the weights those commands would.
-
-Zero-shot is the classifier's own probabilities for the outputs a target names (:attr:`Target.outputs`, matched
-in any spelling): the score is the largest of them and the call is positive when any of them reaches its own
-threshold, the run's per-class validation threshold (0.5 when the run stored none), which is how ``make evaluate``
-calls that output. A target whose outputs the model lacks has no zero-shot score, and the report says which were
-looked for. Probe features are the backbone's pooled embedding (the input of the linear head).
+Loading is :func:`training.runs.load_finished`'s job, so a benchmark judges exactly the weights ``make
+evaluate``, ``serve`` and ``submit`` would. Zero-shot is the largest probability of the outputs a target names,
+and the call is positive when any of them reaches its run's validation threshold (0.5 when none was stored),
+as ``make evaluate`` calls it. Probe features are the backbone's pooled embedding (the head's input).
 """
 
 from __future__ import annotations
@@ -71,16 +67,8 @@ def missing_outputs_note(model: str, model_labels: Sequence[str], target: Target
 class PlatformRunEncoder(Encoder):
     """A finished platform training run or registered version, named as :mod:`training.runs` accepts.
 
-    Args:
-        spec: the model as named by the user.
-        targets: the benchmark's findings.
-        tracking_uri: the MLflow store holding the run.
-        seed: unused (a trained model has no random initialisation); every kind takes the same arguments.
-
-    Attributes:
-        labels: the classifier's own output labels, in column order.
-        thresholds: the run's per-output validation thresholds aligned with :attr:`labels`, or ``None``.
-        indices: target label -> the output columns its score uses.
+    ``seed`` is unused (a trained model has no random initialisation); every kind takes the same arguments.
+    ``thresholds`` are the run's per-output validation thresholds aligned with ``labels``, or ``None``.
     """
 
     def __init__(self, spec: str, targets: Sequence[Target], tracking_uri: str, seed: int = 0):

@@ -1,14 +1,10 @@
 """Reproducible stratified draws: largest-remainder quotas, seeded hash ranking, subset fingerprints.
 
-A benchmark subset must be the same set of images for every user, every machine and every library version, and
-must not shift when an unrelated image is added to or removed from a stratum. So no pseudo-random generator is
-involved; each item gets a rank from a cryptographic hash of the seed and its id:
-
-    rank(item) = sha256(f"{seed}:{item_id}".encode("utf-8")).hexdigest()
-
-Items are ordered within their stratum by that hex digest (ascending; the id breaks the astronomically unlikely
-tie) and the first ``quota`` are drawn. The quotas split the draw size over strata in proportion to their sizes
-by the largest-remainder (Hamilton) method, so they always add up to the draw size exactly.
+A benchmark subset must be the same for every user, machine and library version, and must not shift when an
+unrelated image is added to or removed from a stratum. So no pseudo-random generator is involved: within its
+stratum an item is ranked by ``sha256(f"{seed}:{item_id}")`` (the id breaks ties) and the first ``quota`` are
+drawn; the quotas split the draw size over strata by the largest-remainder (Hamilton) method, so they always
+add up exactly (docs/benchmarks.md, "Pediatric pneumonia").
 """
 
 from __future__ import annotations
@@ -23,17 +19,8 @@ import pandas as pd
 def largest_remainder_quotas(counts: Mapping[Hashable, int], total: int) -> dict[Hashable, int]:
     """Split ``total`` draws over strata in proportion to their sizes, summing to ``total`` exactly.
 
-    Each stratum first gets the floor of its exact share ``total * count / sum(counts)``; the draws left over go,
-    one each, to the strata with the largest fractional remainders. Ties in the remainder go to the larger
-    stratum, then to the stratum that sorts first (by ``str`` of its key), so the result never depends on the
-    order of ``counts``. Remainders are compared as exact fractions (integer arithmetic), never as floats.
-
-    Args:
-        counts: stratum -> number of items available.
-        total: number of items to draw, at most ``sum(counts)``.
-
-    Returns:
-        stratum -> quota, each at most the stratum's count.
+    Ties in the remainder go to the larger stratum, then to the stratum whose ``str`` sorts first, so the result
+    never depends on the order of ``counts``. Remainders are compared as exact fractions, never as floats.
 
     Raises:
         ValueError: a negative count or ``total`` outside ``[0, sum(counts)]``.
@@ -68,15 +55,8 @@ def hash_order(item_ids: Sequence[str], seed: int) -> list[str]:
 def stratified_draw(table: pd.DataFrame, size: int, stratum: str, id_column: str, seed: int) -> pd.DataFrame:
     """Draw ``size`` rows with largest-remainder quotas per stratum, the lowest hash ranks within each.
 
-    Args:
-        table: one row per item; ``id_column`` must be unique.
-        size: rows to draw; ``None`` or ``len(table)`` keeps every row.
-        stratum: column whose values are the strata (the label).
-        id_column: column hashed for the ranking.
-        seed: ranking seed.
-
-    Returns:
-        The drawn rows, sorted by ``id_column`` (a canonical order: the draw is a set), index reset.
+    ``id_column`` must be unique; ``size=None`` keeps every row. The drawn rows are sorted by ``id_column`` (a
+    canonical order: the draw is a set), index reset.
     """
     if table[id_column].duplicated().any():
         duplicated = table.loc[table[id_column].duplicated(), id_column].iloc[0]

@@ -1,18 +1,11 @@
 """ImageCLEFmedical 2024 caption prediction on ROCOv2 as a benchmark: how close is a caption to the reference?
 
-- Items: the images of one split of a ROCOv2 release (version ``rocov2-test``, ROCOv2's own test split, by
-  default; not the ImageCLEFmedical 2024 test set, which the report says) with their reference captions; the
-  training split's images and captions are the retrieval pool (``train_size`` of them, hash-drawn with the
-  protocol's seed, so a pool fits on a CPU). File names in ``configs/benchmark/imageclef-captions.yaml``.
-- Methods: *nearest caption*: the caption of the most similar pool image by the model's embedding (the consensus
-  of the ``k`` nearest when ``k`` > 1), so any model the platform can load gets a captioner without a decoder;
-  and *most common caption*, the same training caption for every image, as the floor.
-- Metrics (:mod:`apps.benchmarks.imageclef_captions.scoring`, the organisers' preprocessing: lower case, digit runs ->
-  "number", ``string.punctuation`` deleted): the task's ten, BERTScore with the organisers' DeBERTa model and idf
-  weights when its weights are on this machine (primary; otherwise n/a, with the reason in the report), ROUGE-1 F
-  (secondary), BLEU-1, METEOR and CIDEr-D computed, and BLEURT, CLIPScore, RefCLIPScore, ClinicalBLEURT and
-  MedBERTScore n/a with the reason (model weights); averaged over captions, 1,000 resamples of images. Per-caption
-  values are computed once and carried as the prediction's scores.
+Items are one ROCOv2 split's images with their reference captions (not the 2024 test set, which the report
+says). *Nearest caption* retrieves from a hash-drawn pool of training captions, so any model the platform can
+load gets a captioner without a decoder; the most common caption is the floor. Metrics follow the organisers'
+preprocessing (:mod:`apps.benchmarks.imageclef_captions.scoring`; docs/benchmarks.md, "Caption prediction");
+a metric whose model weights are not on this machine is n/a with the reason. Per-caption values are computed
+once and carried as the prediction's scores.
 """
 
 from __future__ import annotations
@@ -56,8 +49,6 @@ class CaptionProtocol(Protocol):
     """Caption prediction on a ROCOv2 release folder.
 
     Args:
-        name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`; a
-            version's value is the ROCOv2 split scored.
         layout: ``captions`` (with ``{split}``), ``images`` (with ``{split}``) and ``extension``.
         train_size: pool images drawn from the training split (``None``: all).
         k: neighbours whose consensus caption is returned.

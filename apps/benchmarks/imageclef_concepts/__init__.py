@@ -1,20 +1,11 @@
 """ImageCLEFmedical 2024 concept detection on ROCOv2 as a benchmark: which UMLS concepts (CUIs) does an image carry?
 
-- Items: the images of one split of a ROCOv2 release folder (version ``rocov2-test``, ROCOv2's own test split,
-  by default; ``rocov2-valid`` the other) with their concept sets. ROCOv2's test split is not the ImageCLEFmedical
-  2024 test set (17,237 images) the 2024 leaderboard was scored on, so the report says so (:data:`OTHER_SET`); the training split's table gives the concepts a model is asked about (those
-  seen at least ``min_count`` times) and the frequency-prior floor. File names in
-  ``configs/benchmark/imageclef-concepts.yaml``.
-- Methods: the model's concepts (a platform run trained on ``task=rocov2_concepts``: every output CUI at or above
-  the run's own threshold; an image-text model: every CUI whose prompt margin is positive), and the frequency
-  prior (the most common training concepts, the same set for every image).
-- Metrics (:mod:`apps.benchmarks.imageclef_concepts.scoring`, the organisers' rules): the per-image F1 between the predicted
-  and true sets (primary: all concepts, every image; secondary: the manually validated concepts only, both sides
-  filtered to a named vocabulary, the 2024 task's by default, images without a validated true concept left out);
-  1,000 resamples of images.
-
-The per-image F1 values are computed once (in :meth:`ConceptProtocol.predict`) and carried as the prediction's
-scores, so a bootstrap resample only averages them.
+Items are one ROCOv2 split's images with their concept sets; ROCOv2's test split is not the 2024 leaderboard's
+test set, so the report says so (:data:`OTHER_SET`). The model's concepts are set beside the frequency-prior
+floor and scored by the organisers' rules (:mod:`apps.benchmarks.imageclef_concepts.scoring`; docs/benchmarks.md,
+"Concept detection: the organisers' rules"). The per-image F1 values are computed once (in
+:meth:`ConceptProtocol.predict`) and carried as the prediction's scores, so a bootstrap resample only averages
+them.
 """
 
 from __future__ import annotations
@@ -48,16 +39,12 @@ class ConceptProtocol(Protocol):
     """Concept detection on a ROCOv2 release folder.
 
     Args:
-        name, description, seed, versions, bootstrap: see :class:`~apps.benchmarks.framework.protocol.Protocol`; a
-            version's value is the ROCOv2 split scored (``test``, ``valid``).
         layout: file names with ``{split}``: ``concepts``, ``manual``, ``names`` (CUI -> name, optional),
             ``images`` (the image folder) and ``extension``.
         min_count: a concept is asked about when the training split has it at least this often.
         secondary: the secondary score's vocabulary: a file stem of ``configs/benchmark/imageclef-secondary/``
-            (``2024``: the 2024 task's modality and X-ray body-region CUIs; ``2025``: the 15 CUIs of the 2025/2026
-            evaluators) or ``manual`` (every concept of the manual tables, which adds ROCOv2's projections).
+            (``2024``, ``2025``) or ``manual`` (every concept of the manual tables).
         prompt: an image-text model's prompt, with ``{name}`` (the concept's name, or its CUI without a name file).
-        negative_prompt: the contrasting prompt.
     """
 
     methods = {"model": "Model", "prior": "Frequency prior"}
