@@ -1,13 +1,10 @@
 """What a config read back from a run may build: exactly the classes and functions this project's ``configs/`` name.
 
-A run's ``config.yaml``, a registered model's ``spec.json`` and a checkpoint's hyperparameters can be edited by
-anyone with write access to the tracking store. Hydra builds whatever a ``_target_`` names, and a dotted name
-reaches everything a module imports: ``training.runs.torch.load`` is ``torch.load`` and
-``training.checkpoint_io.os.system`` is ``os.system``. A prefix rule ("anything under ``training.``") therefore
-allows arbitrary code, so the rule is an explicit list: the ``_target_`` (and ``model.module``) values written in
-the project's own ``configs/``, compared as whole strings before anything is imported. A new component is
-allowed by adding its YAML file, which is how every component is selected anyway (docs/architecture.md,
-"Finished runs").
+A run's config, spec or checkpoint hyperparameters can be edited by anyone with write access to the store, and a
+dotted name reaches everything a module imports (``training.runs.torch.load`` is ``torch.load``), so a prefix rule
+would allow arbitrary code. The rule is an explicit list of the ``_target_`` and ``model.module`` values in the
+project's own ``configs/``, compared as whole strings before anything is imported; a new component is allowed by
+adding its YAML (docs/architecture.md, "Finished runs").
 """
 
 from __future__ import annotations

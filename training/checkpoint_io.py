@@ -1,14 +1,9 @@
 """Checkpoint files that survive a kill mid-write and never unpickle arbitrary objects.
 
-``last.ckpt`` is what a killed training resumes from (``resume=true``), and it is rewritten every epoch. Lightning's
-``TorchCheckpointIO`` truncates the file and writes it in place, so a process killed during that write (a lost
-node, an OOM kill, a pre-empted SLURM job) leaves a torn file and the run can no longer resume. Writing a temporary
-file in the same folder, flushing it to disk and renaming it over the old one makes the swap all-or-nothing: a
-reader sees either the previous checkpoint or the new one.
-
-Loading is restricted to tensors and plain containers (``torch.load(weights_only=True)``) whatever the caller asks:
-a checkpoint folder on shared storage is writable by more people than the code is, and unpickling runs code. State
-that is not already in that form (the global random generators' states) is converted by :func:`global_rng_state`.
+Lightning's ``TorchCheckpointIO`` rewrites ``last.ckpt`` in place every epoch, so a kill during the write leaves
+a torn file and the run cannot resume. A temporary file in the same folder, flushed and renamed over the old one,
+makes the swap all-or-nothing. Loading is ``weights_only=True`` whatever the caller asks: a checkpoint folder on
+shared storage is writable by more people than the code is, and unpickling runs code.
 """
 
 from __future__ import annotations
@@ -100,12 +95,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
         """Load with ``weights_only=True``; an explicit ``weights_only=False`` is refused rather than obeyed.
 
-        Lightning's ``fit(ckpt_path=...)`` passes ``weights_only=None``, which leaves the choice to torch's default
-        (and to the ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` variable); the platform does not leave it open.
-
-        Raises:
-            ValueError: ``weights_only=False`` was requested.
-            UnsafeCheckpoint: the file holds objects other than tensors and plain containers.
+        Lightning passes ``weights_only=None``, leaving it to torch's default and an environment variable; the platform
+        does not leave it open.
         """
         if weights_only is False:
             raise ValueError(

@@ -1,8 +1,6 @@
 """Where the project's configuration files are: the one answer every entry point and reader of ``configs/`` uses.
 
-Commands run from the project root (``make``), from a test's temporary directory or from another checkout's shell;
-a path worked out per module (``parents[2]`` here, ``parents[1]`` there) silently breaks when a module moves, so
-every module asks here instead.
+A path worked out per module (``parents[2]`` here, ``parents[1]`` there) silently breaks when a module moves.
 """
 
 from __future__ import annotations

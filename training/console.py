@@ -1,14 +1,9 @@
 """What a training prints: the run's own progress and results, not the framework's advertisements.
 
-Lightning announces GPU/TPU availability on every start, advertises its cloud products, prints a model table
-whose FLOPs column is always 0 here (FLOPs are only counted on a meta-device pass the trainer never makes) and
-shows the logger's version, an MLflow run id, as ``v_num`` in the progress bar. None of it helps a user reading
-the terminal; the run's summary at the end (``training.pipeline``) does.
-
-Progress shows on a terminal as Lightning's rich bar, which redraws one line in place; written to a file (``nohup``,
-``tee``, a cluster job's log) that bar shows nothing until the fit ends, so there each epoch is one log line instead
-(:class:`EpochLines`), with a line within the epoch whenever a minute passed without one: an epoch of a large
-set lasts hours, and a log silent that long cannot be told from a hung job.
+Lightning's accelerator announcements, cloud adverts, a model table whose FLOPs are always 0 here and ``v_num``
+help no one reading the terminal; the run's summary at the end does. Written to a file (``nohup``, a cluster job's
+log) Lightning's rich bar shows nothing until the fit ends, so there each epoch is one line (:class:`EpochLines`),
+plus a line whenever a minute passed without one: a log silent for hours cannot be told from a hung job.
 """
 
 from __future__ import annotations
@@ -48,10 +43,8 @@ def quiet_lightning() -> None:
     """Filter Lightning's noise lines and its pytree deprecation warning, and print each of its lines once
     (idempotent; call it before Lightning logs anything, e.g. ``Seed set to 42``).
 
-    Once the entry point has configured logging (Hydra's handler on the root logger), Lightning's own console
-    handlers repeat every line it logs (``INFO: Seed set to 42`` on stderr, then ``Seed set to 42`` from the root's
-    handler); they are removed and its records go through the root's handlers alone. Without a root handler they
-    stay, as they are then the only way Lightning's lines reach the terminal.
+    Once Hydra's handler is on the root logger, Lightning's own handlers repeat every line, so they are removed;
+    without a root handler they stay, being then the only way its lines reach the terminal.
     """
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropNoise) for f in logger.filters):
@@ -111,11 +104,9 @@ def step_line(epoch: int, max_epochs: int | None, step: int, steps: float, steps
 class EpochLines(ProgressBar):
     """One log line per finished epoch (:func:`epoch_line`), for output that is not a terminal.
 
-    An epoch's line is written once the epoch is wholly done, its training loss and checkpoint included (the
-    module logs ``train/loss`` in its own ``on_train_epoch_end``, which Lightning calls after every callback's):
-    at the start of the next epoch, or when the fit ends. Step/s counts optimiser steps over the training part of
-    the epoch; the ETA is the mean epoch time of this process times the epochs left (an upper bound when early
-    stopping ends the fit sooner).
+    Written once the epoch is wholly done, its training loss and checkpoint included: at the start of the next epoch
+    or when the fit ends. The ETA (mean epoch time times epochs left) is an upper bound when early stopping ends
+    the fit sooner.
     """
 
     clock = staticmethod(time.monotonic)

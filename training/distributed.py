@@ -1,17 +1,10 @@
 """Which process of a (possibly) distributed training this is, and how the others learn rank 0's run.
 
-docs/rules.md §7 asks for one MLflow run per training however many processes take part, so only rank 0 may open the run.
-The other ranks still need two facts from it before ``fit`` starts: the run's checkpoint folder and the checkpoint
-to resume from (every rank restores the same trainer state, or their epoch counters would disagree and DDP would
-hang). How those facts travel depends on who started the processes:
-
-- Lightning's own launcher (``trainer=ddp`` from ``make train``): rank 0 starts first and re-executes the command
-  for the other local ranks inside ``fit``; they inherit rank 0's environment, so the facts go in a variable.
-- torchrun, SLURM's ``srun`` (any launcher that starts every process itself): all ranks start together, so the
-  process group is opened early (Lightning reuses an open one) and rank 0 broadcasts the facts.
-
-Rank and world size are read from the Trainer's own cluster environment, the same object Lightning uses later,
-so this module can never disagree with Lightning about who rank 0 is.
+docs/rules.md §7 asks for one MLflow run per training, so only rank 0 opens it; the others still need its
+checkpoint folder and the checkpoint to resume from (every rank must restore the same state, or DDP hangs).
+Under Lightning's launcher the other ranks are re-executed from rank 0's environment, so the facts go in a
+variable; under torchrun or ``srun`` all start together, so the process group is opened early and rank 0
+broadcasts them. Ranks come from the Trainer's own cluster environment, so this never disagrees with Lightning.
 """
 
 from __future__ import annotations
@@ -46,9 +39,8 @@ class Process:
 def process_of(trainer: L.Trainer) -> Process:
     """The global rank and world size the trainer will use, known before ``fit`` so rank 0 can open the run first.
 
-    Lightning fills in the ranks of its own environment only when ``fit`` sets up the strategy; calling the
-    strategy's ``set_world_ranks`` now computes the same numbers (node rank x processes per node + local rank)
-    from the same environment variables, and torchrun/SLURM environments read theirs directly.
+    Lightning fills these in only when ``fit`` sets up the strategy; ``set_world_ranks`` now computes the same
+    numbers from the same environment variables.
     """
     strategy = trainer.strategy
     if hasattr(strategy, "set_world_ranks") and getattr(strategy, "cluster_environment", None) is not None:
@@ -58,11 +50,6 @@ def process_of(trainer: L.Trainer) -> Process:
 
 def share_from_rank_zero(trainer: L.Trainer, process: Process, make: Callable[[], dict]) -> dict:
     """Run ``make`` on rank 0 only and return its (JSON-able) result on every rank.
-
-    Args:
-        trainer: the Trainer about to ``fit``; its strategy says how the processes were started.
-        process: this process, from :func:`process_of`.
-        make: what only rank 0 may do (open the MLflow run); returns the facts the other ranks need.
 
     Raises:
         RuntimeError: a non-zero rank that cannot reach rank 0's facts (a node started by hand without torchrun or

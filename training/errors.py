@@ -1,14 +1,10 @@
 """Errors the user caused, reported as one clear message instead of a traceback, by every entry point alike.
 
-A broken manifest, a predictions file with a wrong column, a mistyped override or a refused stored config are
-fixed by reading the message, not the stack: the stack only hides the one line that matters. Genuine bugs keep
-their traceback, so only the exception types an entry point declares (plus :class:`UserError` and its
-subclasses) are shortened. The traceback stays one switch away: ``HYDRA_FULL_ERROR=1`` (Hydra's own switch, so
-the project's errors behave exactly like Hydra's config errors) or ``--debug`` on the argparse commands.
-
-- Hydra entry points: decorate the task function with :func:`hydra_user_errors` (under ``@hydra.main``) and start
-  it with :func:`run_hydra_entry`, which checks the command line's overrides first (:func:`check_overrides`).
-- argparse entry points: run the body inside ``with user_errors(..., debug=args.debug)``.
+A broken manifest or a mistyped override is fixed by reading the message; the stack only hides the one line
+that matters. Genuine bugs keep their traceback, so only :class:`UserError` and the types an entry point declares
+are shortened. ``HYDRA_FULL_ERROR=1`` (Hydra's own switch, so the project's errors behave like Hydra's) or
+``--debug`` brings the traceback back. Hydra entry points use :func:`hydra_user_errors` and
+:func:`run_hydra_entry`; argparse ones ``with user_errors(..., debug=args.debug)``.
 """
 
 from __future__ import annotations
@@ -37,11 +33,8 @@ ANY_TYPE = frozenset({"trainer.devices"})
 class UserError(Exception):
     """Base of the errors a user causes and fixes from the message alone (bad data, bad input, bad override).
 
-    Subclasses: :class:`training.data.manifest.ManifestError`, :class:`training.data.adapters.base.AdapterError`,
-    :class:`training.data.decode_errors.ImageDecodeError` (an image that cannot be decoded, or declares too large a
-    canvas), :class:`training.zeroshot.training_rule.TrainingRuleError` (a zero-shot run that breaks Task 2's
-    training rule), :class:`OverrideError`. Exceptions of other modules that mean the same (``PredictionsError``,
-    ``SubmissionError``, ``UnsafeConfig``, ``ModelNotFound``) are declared by the entry points that can meet them.
+    Exceptions of other modules that mean the same (``PredictionsError``, ``SubmissionError``, ``UnsafeConfig``,
+    ``ModelNotFound``) are declared by the entry points that can meet them instead of subclassing this.
     """
 
 
@@ -159,14 +152,10 @@ def stopped_by_signals() -> Iterator[None]:
 def check_overrides(config_name: str, argv: Sequence[str], configs: Path = CONFIGS) -> None:
     """Refuse, before anything runs, an override Hydra would take but the run would fail on much later.
 
-    Two mistakes are caught: a setting the chosen config does not have where another choice of the same group
-    does (``loss.gamma_neg=4`` with ``loss=bce``: Hydra would only suggest ``+loss.gamma_neg``, which the BCE loss
-    then rejects), and a value whose type differs from the config's (``data.image_size=abc`` would otherwise
-    surface as a ``TypeError`` deep inside image generation). Anything this check cannot judge (sweeps, Hydra's own
-    settings, additions with ``+``, overrides Hydra cannot parse) is left to Hydra.
-
-    Raises:
-        OverrideError: naming the override, what is wrong, and the choice that defines the setting.
+    Caught: a setting the chosen config lacks where another choice of its group has it (``loss.gamma_neg=4`` with
+    ``loss=bce``: Hydra would only suggest ``+loss.gamma_neg``, which BCE then rejects), and a value of the wrong type
+    (``data.image_size=abc`` would surface as a ``TypeError`` deep inside image generation). What this cannot judge
+    (sweeps, Hydra's own settings, ``+`` additions) is left to Hydra.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -292,9 +281,8 @@ def _unknown_key(key: str, base, chosen: dict, configs: Path) -> str | None:
 def _type_mismatch(key: str, default, value) -> str | None:
     """Why ``value`` cannot replace ``default`` (the config's number), or None when it can.
 
-    Only numbers are judged: text where a number belongs always fails later, while booleans and text settings
-    legitimately take other forms (``resume`` is ``true`` or a run id). ``null`` is always allowed, and so is any
-    value of a setting in :data:`ANY_TYPE`.
+    Only numbers are judged: booleans and text settings legitimately take other forms (``resume`` is ``true`` or a
+    run id). ``null`` and the settings in :data:`ANY_TYPE` are always allowed.
     """
     if value is None or key in ANY_TYPE or isinstance(default, bool) or (isinstance(value, str) and "${" in value):
         return None

@@ -1,17 +1,10 @@
 """Device-dependent training defaults, in one place: what a GPU needs and a CPU must not get.
 
 The same config has to train on the two-core CPU machines and on a CUDA node without edits, so every setting
-here is decided from the device the Trainer actually runs on, never from the config alone:
-
-* **precision**: ``configs/trainer/default.yaml`` reads ``${device_precision:${trainer.accelerator}}``, which
-  this module registers as an OmegaConf resolver on import: ``bf16-mixed`` where the Trainer will run on a CUDA
-  device with native bfloat16 (compute capability 8.0 and up), ``32-true`` everywhere else. An explicit
-  ``trainer.precision=...`` replaces the interpolation and wins. The stored ``config.yaml`` of a run is
-  resolved, so a reloaded run never needs the resolver.
-* **channels-last** and **torch.compile**: :class:`GpuSpeedups`, the callback ``configs/gpu/default.yaml``
-  adds under ``callbacks.gpu``.
-* **pinned memory** and **persistent loader workers**: :func:`pin_memory` and :func:`persistent_workers`,
-  which the data module's loaders ask (the callback hands them the configured settings).
+here is decided from the device the Trainer actually runs on, never from the config alone. Precision comes from
+the ``device_precision`` OmegaConf resolver registered on import (an explicit ``trainer.precision`` wins; a
+stored run's config is resolved, so a reload never needs it); channels-last and compile from :class:`GpuSpeedups`;
+pinned memory and persistent workers from :func:`pin_memory` and :func:`persistent_workers`.
 """
 
 from __future__ import annotations
@@ -39,11 +32,9 @@ def cuda_selected(accelerator: str | None = AUTO) -> bool:
 def default_precision(accelerator: str | None = AUTO) -> str:
     """``bf16-mixed`` on a CUDA device with native bfloat16, else ``32-true``.
 
-    Native only: ``torch.cuda.is_bf16_supported()`` says yes on older GPUs too, where bfloat16 is emulated and
-    slower than float32. bf16 rather than fp16 because it needs no loss scaling: its exponent range is
-    float32's, so the long-tailed losses' tiny gradients on rare classes do not underflow. On CPU, autocast to
-    bf16 is slower than float32 on the machines this platform uses, and it would change the numbers of every
-    CPU run.
+    Native only: ``torch.cuda.is_bf16_supported()`` also says yes where bfloat16 is emulated and slower than float32.
+    bf16 rather than fp16: float32's exponent range, so no loss scaling and the long-tailed losses' tiny rare-class
+    gradients do not underflow. Not on CPU: slower there, and it would change every CPU run's numbers.
     """
     if cuda_selected(accelerator) and torch.cuda.is_bf16_supported(including_emulation=False):
         return "bf16-mixed"
@@ -91,9 +82,8 @@ def pin_memory(setting="auto", cuda: bool = False) -> bool:
 def persistent_workers(setting="auto", num_workers: int = 0) -> bool:
     """Keep loader workers alive between passes, which only exists with workers (PyTorch refuses it without).
 
-    ``auto`` and ``true`` mean the same: keep them whenever there are any. The data module applies this to the
-    evaluation loaders only; the training loader restarts its workers every epoch on purpose (see
-    :meth:`training.data.datamodule.CXRDataModule.train_dataloader`).
+    Applied to the evaluation loaders only; the training loader restarts its workers every epoch on purpose
+    (:meth:`training.data.datamodule.CXRDataModule.train_dataloader`).
     """
     return num_workers > 0 and _setting(setting) in (AUTO, True)
 
@@ -101,25 +91,11 @@ def persistent_workers(setting="auto", num_workers: int = 0) -> bool:
 class GpuSpeedups(L.Callback):
     """Channels-last weights and optional in-place ``torch.compile`` on CUDA, loader settings for the data module.
 
-    Applied in ``setup``, before the strategy moves the model to the device, wraps it (DDP) and builds the
-    optimiser, so every later step, the DDP buckets and the optimiser state see the final layout.
-
-    Channels-last (NHWC) lets cuDNN use the tensor-core convolution kernels without transposing every
-    activation; a convolution with channels-last weights produces channels-last output, so converting the
-    weights is enough. On CPU it is skipped: it gains nothing there and would change the numbers of CPU runs.
-
-    ``compile`` uses ``nn.Module.compile()`` on the backbone, in place: ``torch.compile(module)`` would return a
-    wrapper whose ``state_dict`` keys start with ``_orig_mod.``, and checkpoints would then not load into an
-    uncompiled model (evaluation, serving). Only calls of ``backbone(images)`` are compiled; a head that reads
-    the feature map (``forward_features``) runs that part uncompiled. Compilation is honoured on CPU too when
-    asked, since the user chose it explicitly.
-
-    Args:
-        channels_last: convert the model's 4-D weights to channels-last on CUDA.
-        compile: compile the backbone in place.
-        compile_options: keyword arguments of ``torch.compile`` (``mode``, ``backend``, ``dynamic``, ...).
-        pin_memory: ``auto`` (on CUDA), ``true`` or ``false``; see :func:`pin_memory`.
-        persistent_workers: ``auto``/``true`` or ``false``; see :func:`persistent_workers`.
+    Applied in ``setup``, before the strategy moves, wraps (DDP) and optimises the model, so every later step sees
+    the final layout. Channels-last lets cuDNN use tensor-core kernels without transposes; converting the weights is
+    enough. Skipped on CPU (no gain, and it would change CPU runs' numbers). ``compile`` is in place
+    (``nn.Module.compile()``): ``torch.compile(module)`` would prefix ``state_dict`` keys with ``_orig_mod.`` and
+    checkpoints would not load uncompiled. Only ``backbone(images)`` is compiled, and it is honoured on CPU when asked.
     """
 
     def __init__(

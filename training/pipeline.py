@@ -41,9 +41,8 @@ log = logging.getLogger(__name__)
 def build_datamodule(cfg: DictConfig) -> CXRDataModule:
     """The data module a config describes (source, task labels, augmentation, sampler).
 
-    A task with ``labels: null`` takes its labels from the data source (:func:`training.data.sources.task_labels`);
-    they are written into ``cfg.task.labels`` here, so the model built from ``cfg`` afterwards, the run's stored
-    ``config.yaml`` and every later reload of the run (evaluate, register, serve, submit) have the same list.
+    Labels a task takes from its data source are written into ``cfg.task.labels`` here, so the model, the stored
+    ``config.yaml`` and every later reload of the run have the same list.
     """
     # A zero-shot task (task.unseen) trains on a manifest copy without the images and columns of its unseen findings.
     source = guard_unseen(instantiate(cfg.data.source), cfg.task.get("unseen"))
@@ -77,16 +76,11 @@ def checkpoint_callbacks(cfg: DictConfig) -> tuple[ModelCheckpoint, ModelCheckpo
     """The kept checkpoints (the ``checkpoint.save_top_k`` best by the monitored metric: the best is what is tested,
     all are logged, :mod:`training.top_checkpoints`) and ``last.ckpt`` (what ``resume=true`` reads).
 
-    ``last.ckpt`` is written at the end of every epoch by a second, unmonitored callback: since Lightning 2.6 a
-    monitored callback's ``save_last`` rewrites it only in epochs whose metric improved, so a killed run would redo
-    every epoch since its last improvement. Listed after the kept one, it holds that one's state too. It stays an
-    end-of-epoch checkpoint with several validations per epoch (``trainer.val_check_interval``), so a resume
-    starts an epoch from its beginning; the kept checkpoints are written after each validation instead
-    (Lightning's choice for ``save_on_train_epoch_end=None``), so a mid-epoch validation can be among them.
-
-    ``checkpoint.keep_last`` makes ``best.ckpt`` the final epoch instead: on a validation split of a few dozen images
-    the monitored maximum is mostly noise, and a weight average (EMA) at the end of a long schedule is the steadier
-    network to keep (docs/recipes.md, "Training from scratch on small real sets").
+    ``last.ckpt`` comes from a second, unmonitored callback: a monitored callback's ``save_last`` rewrites it only in
+    improving epochs, so a killed run would redo every epoch since its last improvement. It stays end-of-epoch, so a
+    resume starts an epoch from its beginning; kept checkpoints follow each validation. ``checkpoint.keep_last``
+    keeps the final epoch as ``best.ckpt``: on a validation split of a few dozen images the maximum is mostly noise
+    (docs/recipes.md, "Training from scratch on small real sets").
     """
     keep_last = cfg.checkpoint.get("keep_last", False)
     top_k = int(cfg.checkpoint.get("save_top_k", 1))
@@ -140,21 +134,13 @@ def run_training(
 ) -> str:
     """Train, test and track one configuration; returns the MLflow run id.
 
-    The manifest is validated before the run is created, so broken data never leaves an empty run behind. The
-    run ends FINISHED only once test metrics, predictions and the checkpoint are stored; an error marks it
-    FAILED and an interrupt KILLED, and either can be resumed with ``resume=true``.
-
-    Under DDP (``trainer=ddp``) every process runs this function; only rank 0 opens, logs to and closes the run,
-    tests and uploads (see :mod:`training.distributed`), the other ranks train and return once ``fit`` ends.
+    The manifest is validated before the run is created, so broken data never leaves an empty run behind. The run ends
+    FINISHED only once test metrics, predictions and the checkpoint are stored; an error marks it FAILED and an
+    interrupt KILLED, either resumable. Under DDP only rank 0 opens, logs, tests and closes the run.
 
     Args:
-        cfg: the resolved ``train`` config.
-        callbacks: extra Lightning callbacks (a tuning trial adds Optuna's pruning callback).
-        extra_tags: extra MLflow run tags, e.g. ``mlflow.parentRunId`` to nest the run under a study's run.
-        status_on_error: maps the exception that ended the run to its MLflow status (a tuning trial ends a
-            pruned run KILLED rather than FAILED).
-        resume_command: the command line that continues a run, given its id; tagged on the run and named when a
-            signal stops it (:mod:`training.interrupts`).
+        status_on_error: maps the exception that ended the run to its MLflow status (a pruned trial ends KILLED).
+        resume_command: the command line that continues a run, given its id; tagged and named when a signal stops it.
     """
     quiet_lightning()  # first: each of Lightning's lines printed once, from the seed's on
     L.seed_everything(cfg.seed, workers=True)

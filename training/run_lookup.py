@@ -1,13 +1,9 @@
 """Which finished run a model reference names, answered before any model code loads.
 
-A command that takes a run (``make evaluate RUN=<id>``, ``make register``, ``make submit MODEL=...``, ``make card``)
-checks it first, so a mistyped id is refused in the seconds the tracking store takes to answer, not after torch
-and Lightning were imported (:mod:`training.runs` rebuilds the network afterwards). References are
-
-- ``<run id>`` (also ``run:<id>`` or ``runs:/<id>[/...]``): a finished run of this platform;
-- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run;
-- ``<run id>:rank<n>``: the ``n``-th best checkpoint a run kept (``checkpoint.save_top_k``; ``rank1`` is the run
-  itself), and, for ``make ensemble`` only, ``<run id>:top<k>``: its ``k`` best as ``k`` members.
+So a mistyped id is refused in the seconds the tracking store takes to answer, not after torch and Lightning were
+imported. References: ``<run id>`` (also ``run:<id>``, ``runs:/<id>``), ``models:/<name>@<alias>`` or
+``models:/<name>/<version>`` (resolved to the source run), ``<run id>:rank<n>`` (the ``n``-th best kept
+checkpoint; ``rank1`` is the run itself) and, for ``make ensemble`` only, ``<run id>:top<k>``.
 """
 
 from __future__ import annotations
@@ -45,9 +41,6 @@ class BadReference(UserError, ValueError):
 def split_checkpoint(reference: str) -> tuple[str, int, int | None]:
     """``(reference without its suffix, rank, top)``: rank 1 and top None without a ``:rank<n>`` / ``:top<k>``
     suffix, ``top=k`` for ``:top<k>``; ``models:/`` and ``runs:/`` references are returned whole.
-
-    Raises:
-        BadReference: a colon after the run id that is not ``:rank<n>`` or ``:top<k>`` with a number of 1 or more.
     """
     reference = reference.strip()
     bare = reference.removeprefix("run:")
@@ -100,9 +93,7 @@ def resolve_run(reference: str, client: MlflowClient) -> tuple[str, str | None]:
 def finished_run(reference: str, client: MlflowClient) -> tuple[Run, str | None]:
     """``(run, registered version or None)`` of a reference to a FINISHED run.
 
-    Raises:
-        ModelNotFound: no such run or registered version.
-        RunNotFinished: the run is not FINISHED (only a finished run has a tested best checkpoint).
+    Only a FINISHED run has a tested best checkpoint.
     """
     from mlflow.exceptions import MlflowException
 

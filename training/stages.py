@@ -1,9 +1,8 @@
 """Training stages: how a model is initialised before ``fit``. ``configs/stage/<name>.yaml`` picks one.
 
-``scratch`` is the ordinary run. ``crt`` is decoupled classifier re-training (Kang et al. 2020): representation
-learning and classifier learning are separated; the backbone of a finished run is frozen and only a fresh head
-is trained, with class-balanced sampling, so the head stops favouring the classes the instance-balanced first
-stage saw most.
+``crt`` is decoupled classifier re-training (Kang et al. 2020): the backbone of a finished run is frozen and only
+a fresh head is trained with class-balanced sampling, so the head stops favouring the classes the
+instance-balanced first stage saw most.
 """
 
 from __future__ import annotations
@@ -33,12 +32,8 @@ class FromScratch(Stage):
 class ClassifierRetraining(Stage):
     """cRT: load a finished run's best checkpoint, freeze its backbone, train a re-initialised head.
 
-    The new run is nested under the first one in MLflow (``mlflow.parentRunId``) and tagged ``cxrlt.stage=crt``,
-    so the UI shows the two stages together.
-
-    Args:
-        parent_run: MLflow run id of the finished first stage.
-        reinit_head: start the head from scratch (the method); False fine-tunes the old head instead.
+    The new run is nested under the first in MLflow and tagged ``cxrlt.stage=crt``; ``reinit_head=False``
+    fine-tunes the old head instead.
     """
 
     def __init__(self, parent_run: str, reinit_head: bool = True):

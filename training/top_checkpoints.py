@@ -1,19 +1,10 @@
 """The best ``checkpoint.save_top_k`` checkpoints of a training, as the weights a model needs, in its MLflow run.
 
-A local checkpoint is what a resume needs: weights, optimizer and scheduler state, loop counters, callback states
-and, with EMA, the trained weights beside the average. Of that a finished model needs only the weights it is
-evaluated and served with (``state_dict``: the EMA average where EMA is used); the rest is several times their
-size (AdamW keeps two tensors per weight), and a registry of ConvNeXt-Large runs would store it for nothing. So
-the local checkpoints stay in ``tracking.checkpoint_root/<run id>`` and the run receives :func:`weights_only`
-copies:
-
-- ``checkpoints/best.ckpt``: the best (rank 1), the one the test phase judged;
-- with ``save_top_k`` above 1, ``checkpoints/top/rank<n>.ckpt`` for ranks 2..k and ``checkpoints/top/index.json``,
-  which lists every kept checkpoint (rank 1 included) with its epoch, optimizer step, monitored metric and value,
-  plus ``predictions/rank<n>/{val,test}.csv``, the plain predictions ``make ensemble`` weighs the ranks by.
-
-A run is referenced checkpoint by checkpoint as ``<run id>:rank<n>`` and by its ``k`` best as ``<run id>:top<k>``
-(:mod:`training.run_lookup`).
+A resume needs optimizer state, counters and callback states; a finished model only its weights (the EMA average
+where used), and the rest is several times their size (AdamW keeps two tensors per weight). So local checkpoints
+stay under ``tracking.checkpoint_root/<run id>`` and the run gets :func:`weights_only` copies: ``best.ckpt`` (the
+one tested) and, with ``save_top_k`` above 1, ``top/rank<n>.ckpt`` with ``top/index.json`` and per-rank
+predictions for ``make ensemble``. References ``<run id>:rank<n>`` and ``<run id>:top<k>``: :mod:`training.run_lookup`.
 """
 
 from __future__ import annotations
@@ -146,9 +137,6 @@ def rank_predictions(model, datamodule, kept: list[Kept], folder: Path) -> list[
 def kept_ranks(document: object, where: str) -> int:
     """How many checkpoints an ``index.json`` read back from a run lists, checked: a JSON object of format 1
     whose ``checkpoints`` are objects ranked 1, 2, ... in order (the file is untrusted, like everything a run holds).
-
-    Raises:
-        UserError: anything else, in one line naming ``where``.
     """
     rows = document.get("checkpoints") if isinstance(document, dict) and document.get("format") == 1 else None
     if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) for row in rows):

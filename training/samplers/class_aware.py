@@ -13,11 +13,6 @@ class ClassAwareSampler(EpochDrawSampler):
 
     Multi-label images come along with all their other labels, so head classes still appear more than
     ``1/C`` of the time; that is the method, not a bug.
-
-    Args:
-        targets: ``(N, C)`` training targets.
-        num_samples: draws per epoch (the epoch length).
-        seed: base seed.
     """
 
     def __init__(self, targets: np.ndarray, num_samples: int, seed: int):

@@ -21,16 +21,9 @@ def _check_rank(num_replicas: int, rank: int) -> None:
 class EvalShardSampler(DistributedSampler):
     """Rank ``r`` of ``W`` reads positions ``r, r + W, r + 2W, ...``: every image exactly once over all ranks.
 
-    Ranks may get one image (hence at most one batch) more than others. That is safe in validation: DDP syncs
-    buffers in the first forward only (no gradients afterwards), and torchmetrics gathers states of unequal length.
-
-    Args:
-        length: size of the split.
-        num_replicas: number of processes.
-        rank: this process.
-
-    Raises:
-        ValueError: fewer images than processes (a rank with nothing to validate would block the buffer sync).
+    A rank may get one image more than others, which is safe in validation: DDP syncs buffers in the first forward
+    only, and torchmetrics gathers states of unequal length. Fewer images than processes is refused (a rank with
+    nothing to validate would block the buffer sync).
     """
 
     def __init__(self, length: int, num_replicas: int, rank: int):
@@ -51,17 +44,9 @@ class EvalShardSampler(DistributedSampler):
 class TrainShardSampler(DistributedSampler):
     """Every rank computes the same epoch order, then takes every ``W``-th draw starting at its rank.
 
-    The order is the wrapped sampler's draw (class-aware, repeat-factor: seeded by ``(seed, epoch)``, so identical on
-    every rank) or, with no sampler, a permutation seeded by ``seed + epoch``. Shares are disjoint positions of that
-    order and of equal length, ``len // W``: the last ``len % W`` draws of an epoch are skipped so every rank runs
-    the same number of steps (DDP's gradient all-reduce needs that) without repeating any draw.
-
-    Args:
-        source: the single-process sampler whose draw is shared out, or None for uniform shuffling.
-        length: draws per epoch (``len(source)``, or the dataset size when ``source`` is None).
-        num_replicas: number of processes.
-        rank: this process.
-        seed: base seed of the plain shuffle.
+    The order is the wrapped sampler's seeded draw, or a permutation seeded by ``seed + epoch``. The last
+    ``len % W`` draws are skipped so every rank runs the same number of steps (DDP's all-reduce needs that) without
+    repeating a draw.
     """
 
     def __init__(self, source: Sampler | None, length: int, num_replicas: int, rank: int, seed: int = 0):

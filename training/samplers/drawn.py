@@ -11,12 +11,10 @@ from torch.utils.data import Sampler
 class EpochDrawSampler(Sampler[int]):
     """A sampler whose epoch is a seeded draw: ``draw(rng)`` returns this epoch's global index list.
 
-    Determinism: the draw of epoch ``e`` depends only on ``(seed, e)``, so a resumed run repeats the draws it
-    would have made, and under DDP every rank draws the same list. The data module sets the epoch before each pass
-    (:class:`training.data.datamodule.TrainLoader`: Lightning's own :meth:`set_epoch` comes too late in the first
-    epoch of a resumed fit), through :class:`training.samplers.distributed.TrainShardSampler` under DDP, which
-    hands each rank a disjoint share of the list; each iteration also advances the epoch by itself, so a caller
-    that never sets the epoch still gets a fresh draw per pass.
+    Epoch ``e``'s draw depends only on ``(seed, e)``, so a resumed run repeats its draws and every DDP rank draws the
+    same list. The data module sets the epoch before each pass (Lightning's :meth:`set_epoch` comes too late in the
+    first epoch of a resumed fit); each iteration also advances the epoch itself, so a caller that never sets it
+    still gets a fresh draw per pass.
     """
 
     def __init__(self, seed: int):

@@ -11,9 +11,8 @@ from training.samplers.drawn import EpochDrawSampler, positives
 def repeat_factors(targets: np.ndarray, threshold: float, max_repeat: float | None = None) -> np.ndarray:
     """Per-image factor ``r_i = max over its classes of max(1, sqrt(t / f_c))``; 1 for images with no positive.
 
-    ``f_c`` is the fraction of training images holding class ``c``. ``max_repeat`` caps ``r_i``: why, a class
-    seen in a handful of images would otherwise be repeated ``sqrt(t / f_c)`` times, hundreds with a large ``t``,
-    so an epoch would be mostly copies of the same few images.
+    ``max_repeat`` caps ``r_i``: a class in a handful of images would otherwise be repeated hundreds of times with a
+    large ``t``, and an epoch would be mostly copies of the same few images.
     """
     pos = positives(targets)
     frequency = pos.mean(axis=0)  # (C,)
@@ -25,9 +24,8 @@ def repeat_factors(targets: np.ndarray, threshold: float, max_repeat: float | No
 class RepeatFactorSampler(EpochDrawSampler):
     """Each epoch, image ``i`` appears ``floor(r_i)`` times plus once more with probability ``frac(r_i)``.
 
-    The stochastic rounding keeps the expected number of repeats exactly ``r_i``. The epoch length is fixed at
-    ``round(sum(r_i))`` (a few draws are trimmed or re-drawn from the epoch's own list) because DDP sharding
-    needs every rank to agree on the length in advance.
+    The epoch length is fixed at ``round(sum(r_i))`` (a few draws trimmed or re-drawn) because DDP sharding needs
+    every rank to agree on it in advance.
     """
 
     def __init__(self, targets: np.ndarray, threshold: float, seed: int, max_repeat: float | None = None):
