@@ -17,7 +17,6 @@ from apps.benchmarks.imageclef_concepts.scoring import (
     MANUAL_2025,
     SubmissionCheckError,
     check_submission,
-    concept_f1,
     frequency_prior,
     manual_vocabulary,
     per_image_f1,
@@ -26,6 +25,7 @@ from apps.benchmarks.imageclef_concepts.scoring import (
     write_run,
 )
 from tests.conftest import shared_data
+from tests.unit.test_imageclef_concepts import mean_f1
 
 pytestmark = pytest.mark.realdata
 
@@ -74,20 +74,20 @@ def test_frequency_prior_baseline(tables, split):
     assert prior == ("C0040405", "C1306645", "C0024485")  # CT, X-ray, MRI; k = median 3 concepts per image
     full, manual = tables[split]
     run = dict.fromkeys(full, prior)
-    primary = concept_f1(full, run)
-    secondary = concept_f1(manual, run, MANUAL_2025)
-    secondary_vocabulary = concept_f1(manual, run, manual_vocabulary(manual))
+    primary = mean_f1(full, run)
+    secondary = mean_f1(manual, run, MANUAL_2025)
+    secondary_vocabulary = mean_f1(manual, run, manual_vocabulary(manual))
     print(f"{split}: primary {primary:.4f}, secondary {secondary:.4f} (manual vocabulary {secondary_vocabulary:.4f})")
     assert all(0 < score < 1 for score in (primary, secondary, secondary_vocabulary))
     assert (primary, secondary, secondary_vocabulary) == pytest.approx(BASELINE[split], abs=1e-12)
     _, values = per_image_f1(manual, run, MANUAL_2025)
     assert np.isnan(values).sum() == EMPTY_MANUAL[split]  # every non-empty manual row has an allowed concept
     # the truth scored against itself is exactly 1
-    assert concept_f1(full, full) == 1.0
-    assert concept_f1(manual, manual, MANUAL_2025) == 1.0
-    assert concept_f1(manual, manual, manual_vocabulary(manual)) == 1.0
+    assert mean_f1(full, full) == 1.0
+    assert mean_f1(manual, manual, MANUAL_2025) == 1.0
+    assert mean_f1(manual, manual, manual_vocabulary(manual)) == 1.0
     # a perfect primary run is not a perfect secondary one
-    assert concept_f1(manual, full, MANUAL_2025) == pytest.approx(FULL_AS_RUN_SECONDARY[split], abs=1e-12)
+    assert mean_f1(manual, full, MANUAL_2025) == pytest.approx(FULL_AS_RUN_SECONDARY[split], abs=1e-12)
     assert sum(full[i] & MANUAL_2025 != manual[i] & MANUAL_2025 for i in full) == {"valid": 1027, "test": 1007}[split]
 
 
@@ -112,9 +112,9 @@ def test_scores_match_the_evaluators_sklearn_computation(tables):
         return total / count
 
     run = dict.fromkeys(ids, tuple(prior))
-    assert concept_f1({i: full[i] for i in ids}, run) == pytest.approx(evaluator(full, None), abs=1e-12)
+    assert mean_f1({i: full[i] for i in ids}, run) == pytest.approx(evaluator(full, None), abs=1e-12)
     for vocabulary in (MANUAL_2024, MANUAL_2025):
-        assert concept_f1({i: manual[i] for i in ids}, run, vocabulary) == pytest.approx(
+        assert mean_f1({i: manual[i] for i in ids}, run, vocabulary) == pytest.approx(
             evaluator(manual, vocabulary), abs=1e-12
         )
 
@@ -126,7 +126,7 @@ def test_the_2024_and_2025_vocabularies_agree_on_rocov2(tables):
         full, manual = tables[split]
         assert not any("C0920367" in concepts for concepts in full.values())
         run = dict.fromkeys(full, prior)
-        assert concept_f1(manual, run, MANUAL_2024) == concept_f1(manual, run, MANUAL_2025)
+        assert mean_f1(manual, run, MANUAL_2024) == mean_f1(manual, run, MANUAL_2025)
 
 
 def test_write_run_on_the_test_ids_round_trips(tables, tmp_path):
@@ -143,9 +143,9 @@ def test_write_run_on_the_test_ids_round_trips(tables, tmp_path):
     with pytest.raises(SubmissionCheckError, match="'order' failed"):
         check_submission(swapped, ids)
     assert read_run(path, ids) == back == dict.fromkeys(ids, prior)
-    assert concept_f1(full, back) == pytest.approx(BASELINE["test"][0], abs=1e-12)
+    assert mean_f1(full, back) == pytest.approx(BASELINE["test"][0], abs=1e-12)
     # the ground truth itself as a run (with a header) reads back and scores 1
     write_run(path, full, ids)
     check_submission(path, ids)
-    assert concept_f1(full, read_run(path, ids)) == 1.0
-    assert concept_f1(manual, read_run(path, ids), MANUAL_2025) == pytest.approx(FULL_AS_RUN_SECONDARY["test"])
+    assert mean_f1(full, read_run(path, ids)) == 1.0
+    assert mean_f1(manual, read_run(path, ids), MANUAL_2025) == pytest.approx(FULL_AS_RUN_SECONDARY["test"])

@@ -15,10 +15,11 @@ from mlflow import MlflowClient
 
 from apps import score as score_cli
 from apps import submit_cli
-from apps.benchmarks.imageclef_concepts.scoring import concept_f1, frequency_prior, read_concepts, read_run
+from apps.benchmarks.imageclef_concepts.scoring import frequency_prior, read_concepts, read_run
 from tests.conftest import shared_data
 from tests.integration.test_rocov2_concepts import train
 from tests.rocov2_data import write_rocov2_release
+from tests.unit.test_imageclef_concepts import mean_f1
 from training.data.adapters.rocov2 import read_concept_table
 from training.data.label_names import NIH_FINDING_CUIS, ROCOV2_CHEST, ROCOV2_PLAIN_RADIOGRAPH, ROCOV2_VIEW_CUIS
 
@@ -63,10 +64,10 @@ def test_real_run_file_scores_beside_the_frequency_prior(trained, tmp_path, monk
         submit_cli.main(["--task", "rocov2_concepts", "--model", run.info.run_id, "--out", str(out), "--thresholds",
                          mode])  # fmt: skip
         chosen = json.loads((tmp_path / f"{mode}.csv.thresholds.json").read_text())
-        scores[mode] = (chosen["val_f1"], concept_f1(truth, read_run(out, ids["test"])))
+        scores[mode] = (chosen["val_f1"], mean_f1(truth, read_run(out, ids["test"])))
     assert scores["per_class"][0] >= scores["global"][0] - 1e-12  # coordinate ascent starts from the global one
     prior = frequency_prior(read_concepts(release / "train_concepts.csv"))
-    floor = concept_f1(truth, {i: prior for i in truth})
+    floor = mean_f1(truth, {i: prior for i in truth})
     capsys.readouterr()
     score_cli.main([str(tmp_path / "per_class.csv"), str(release / "test_concepts.csv"), "--task", "rocov2_concepts",
                     "--manual", str(release / "test_concepts_manual.csv"), "--secondary", "manual"])  # fmt: skip

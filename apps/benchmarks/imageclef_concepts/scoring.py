@@ -36,7 +36,8 @@ platform runs first; every file :func:`write_run` leaves passes it. Its rules, a
   an empty CUIs cell (no concept) is allowed, as their README states. (Their 2026 code, as written, splits an empty
   cell into one empty entry and rejects it; :func:`empty_rows` counts such rows so ``make submit`` can warn.)
 
-Scores (:func:`concept_f1`, :func:`per_image_f1`), the evaluator's arithmetic exactly:
+Scores (:func:`per_image_f1`; the score is their mean over the images not left out), the evaluator's arithmetic
+exactly:
 
 * **primary**: for each image, binary F1 between its predicted and true concept sets, as sklearn's ``f1_score``
   over the union of both sets gives it, i.e. ``2|T∩P| / (|T| + |P|)`` (an empty prediction against a non-empty
@@ -73,7 +74,6 @@ import gzip
 import io
 import os
 import re
-import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -413,26 +413,6 @@ def per_image_f1(truth: Table, run: Table, allowed: Iterable[str] | None = None)
     values = np.array([image_f1(_normalised(truth[i], keep), _normalised(run[i], keep), empty_truth=rule) for i in ids],
                       dtype=np.float64)  # fmt: skip
     return ids, values
-
-
-def concept_f1(truth: Table, run: Table, allowed: Iterable[str] | None = None) -> float:
-    """The challenge score: mean per-image F1 over the images not left out (see :func:`per_image_f1`).
-
-    Primary score with ``allowed=None`` on the full table; secondary score with ``allowed`` (e.g.
-    :data:`MANUAL_2024`) on the manual table. When every image is left out (no non-empty filtered truth) the mean is
-    undefined: NaN is returned with a ``RuntimeWarning`` saying so (the evaluator would divide by zero).
-    """
-    _, values = per_image_f1(truth, run, allowed)
-    scored = values[~np.isnan(values)]
-    if scored.size == 0:
-        warnings.warn(
-            "no image has a non-empty allowed-filtered true concept set: every image is left out and the mean F1 is "
-            "undefined (NaN)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return float("nan")
-    return float(scored.mean())
 
 
 # --------------------------------------------------------------------------------------------------- baselines
