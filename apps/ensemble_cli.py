@@ -1,17 +1,10 @@
 """``make ensemble``: fit ensemble weights on the members' validation predictions and log them as an MLflow run.
 
-``make ensemble TASK=task1 MODELS="<ref> <ref> ..." [WEIGHTS=per_model|per_class|mean]`` (a reference may be
-``<run id>:top<k>``, the run's ``k`` best kept checkpoints, or ``<run id>:rank<n>``, one of them) reads each member's
-stored ``predictions/val.csv`` and ``predictions/test.csv`` (no image is predicted again), fits the weighting of
-``configs/ensemble/<WEIGHTS>.yaml`` on validation (:mod:`apps.ensemble`), and logs a finished run tagged
-``cxrlt.kind=ensemble`` in the task's experiment: the members and weighting as params, ``ensemble/weights.json``,
-and the mAP of the plain mean and of the tuned weights on validation and test, computed by
-:func:`evaluation.suite.compute_suite` like every run's ``test/mAP``. ``make submit MODEL=ensemble:<run id>``
-then predicts with those members and weights.
-
-This module is the command line alone: a weighting that does not exist, fewer than two members or a store that
-is not there are answered before MLflow, torch and the suite load (:func:`apps.ensemble.fit_ensemble` does the
-work).
+Reads each member's stored ``predictions/val.csv`` and ``predictions/test.csv`` (no image is predicted again),
+fits the weighting on validation (:mod:`apps.ensemble`) and logs a finished run tagged ``cxrlt.kind=ensemble``,
+which ``make submit MODEL=ensemble:<run id>`` then predicts with. This module is the command line alone: a
+weighting that does not exist, fewer than two members or a missing store are answered before MLflow, torch and
+the suite load.
 """
 
 from __future__ import annotations

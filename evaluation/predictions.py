@@ -37,17 +37,13 @@ def align_predictions(predictions: pd.DataFrame, truth: pd.DataFrame, labels: Se
                       ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Match predictions to ground-truth rows by image id and return ``(targets, probs)``, both ``(N, C)``.
 
-    Every check reports what is wrong where, so a broken export is fixed in one round:
-    missing id column or class columns, duplicated ids, ids absent from or extra to the ground truth,
-    NaN or non-numeric cells, probabilities outside [0, 1].
+    Every check reports what is wrong where, so a broken export is fixed in one round.
 
     Args:
-        predictions: an id column plus one probability column per label, in the platform's or the organisers'
-            spelling (:mod:`evaluation.prediction_columns`), as :func:`read_predictions` reads them (ids as text;
-            a frame whose ids were parsed as numbers has already lost their leading zeros).
+        predictions: an id column plus one probability column per label, in either spelling
+            (:mod:`evaluation.prediction_columns`), with ids as text as :func:`read_predictions` reads them (a frame
+            whose ids were parsed as numbers has already lost their leading zeros).
         truth: ``image_id`` plus one column per label (1, 0, or NaN for not labelled).
-        labels: class columns to score, in order.
-        source: file name used in messages.
     """
     predictions = to_platform(predictions, labels, source)
     ids = predictions[ID_COLUMN].astype(str)

@@ -1,14 +1,9 @@
 """Entry point of ``make benchmark NAME=<name> MODEL=<model> DATA_ROOT=<folder> [VERSION=<version>]``.
 
-Without a name it lists the protocols of ``configs/benchmark/``. With one, it runs that protocol through the
-shared runner (:mod:`apps.benchmarks.framework.runner`), prints the report and logs one MLflow run in experiment
-``benchmark-<name>`` (:mod:`apps.benchmarks.framework.tracking`). A mistyped name, version, data root or model is
-one line on stderr and exit status 2, never a traceback.
-
-Listing, an unknown name and a missing MODEL or DATA_ROOT are answered from the protocols' YAML alone; the
-protocol's module, the runner, the models and MLflow are imported only once the arguments are complete.
-
-    python -m apps.benchmarks.cli --name pneumonia --model clip:ViT-B-32 --data-root ../shared/data/kermany-dev
+Without a name it lists the protocols of ``configs/benchmark/``; with one, it runs that protocol through the
+shared runner, prints the report and logs one MLflow run in ``benchmark-<name>``. A mistyped argument is one line
+on stderr and exit status 2, never a traceback. Listing and argument errors are answered from the protocols'
+YAML alone; the heavy modules are imported only once the arguments are complete.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ The method is chosen by the encoder's class through :data:`HEATMAPPERS` (a subcl
 registered base), so a new kind is one entry there: Grad-CAM for platform classifiers (on the sum of the logits
 a target maps to, so a finding that is several outputs is explained as all of them; no mapped output: a NaN
 map), patch-text similarity for open_clip ViT towers. Kinds without a convolutional map or patch grid
-(transformer backbones, non-ViT CLIP towers) make none. See docs/benchmarks.md, "NIH grounding". Floors: :func:`centre_prior` (what "findings are
-central" alone scores) and :func:`random_heatmaps` (chance level).
+(transformer backbones, non-ViT CLIP towers) make none. See docs/benchmarks.md, "NIH grounding". Floors:
+:func:`centre_prior` (what "findings are central" alone scores) and :func:`random_heatmaps` (chance level).
 """
 
 from __future__ import annotations

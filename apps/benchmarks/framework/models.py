@@ -34,12 +34,6 @@ def model_kind(spec: str) -> str:
 def load_encoder(spec: str, targets: Sequence[Target], tracking_uri: str, seed: int = 0) -> Encoder:
     """Build the encoder a spec names, answering every one of ``targets``.
 
-    Args:
-        spec: the ``MODEL`` of ``make benchmark``.
-        targets: the benchmark's findings, with their prompts and classifier outputs.
-        tracking_uri: MLflow store for runs and registered models.
-        seed: seeds any random initialisation (a weightless open_clip model).
-
     Raises:
         ValueError: an unknown prefix.
     """
