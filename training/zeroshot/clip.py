@@ -1,19 +1,10 @@
 """The clip adapter: any open_clip model scoring every class by a positive/negative prompt softmax.
 
-Per class ``c`` two ensembled text embeddings (docs/rules.md §8): ``t+_c`` from the positive templates ("a chest x-ray
-showing {}") x phrasings (+ description) and ``t-_c`` from the negative ones ("... showing no {}"). With ``z`` the
-unit image embedding and ``s`` the model's logit scale, ``P(c) = softmax(s z.t+_c, s z.t-_c)[0]``, which equals
-``sigmoid(s (z.t+_c - z.t-_c))``: the head returns that difference as a logit, so every sigmoid-based part of the
-platform (loss, metrics, TTA) applies unchanged.
-
-Weights: ``model`` is an open_clip name with a ``pretrained`` tag (``ViT-B-32`` + ``laion2b_s34b_b79k``), an
-``hf-hub:`` id (BiomedCLIP, WhyXrayCLIP) or a ``local-dir:`` folder; they are fetched only when named and
-reachable. ``pretrained: null`` gives a randomly initialised model (the offline tests).
-
-``finetune``: ``none`` is pure zero-shot (training steps are skipped; one epoch just validates);
-``head`` trains a residual linear adapter on the frozen image embedding (initialised to zero, so training starts
-at the zero-shot model) plus per-class biases, on the seen classes; ``visual`` trains the image tower too.
-The text tower is never trained: class embeddings are computed once and cached when the weights are named.
+``P(c) = softmax(s z.t+_c, s z.t-_c)[0] = sigmoid(s (z.t+_c - z.t-_c))`` (ensembled prompts, docs/rules.md §8):
+the head returns that difference as a logit, so every sigmoid-based part of the platform (loss, metrics, TTA)
+applies unchanged. Weights are fetched only when named (``pretrained: null`` is a random model, for offline
+tests). ``finetune=head`` trains a zero-initialised residual adapter, so training starts at the zero-shot model;
+the text tower is never trained, so class embeddings are computed once and cached.
 """
 
 from __future__ import annotations
@@ -85,12 +76,7 @@ class PromptPairHead(nn.Module):
 class ClipClassifier(MultiLabelClassifier):
     """``MultiLabelClassifier`` on an open_clip model: seen classes from ``forward``, unseen from ``unseen_logits``.
 
-    ``model_cfg`` supplies only the optimiser settings (lr, weight decay, schedule); the network is open_clip's.
-
-    Args:
-        model_cfg, loss_cfg, labels: as ``MultiLabelClassifier``.
-        adapter_cfg: ``configs/adapter/clip.yaml`` node.
-        unseen: classes scored from text only.
+    ``model_cfg`` supplies only the optimiser settings; the network is open_clip's.
     """
 
     def __init__(self, model_cfg: dict, loss_cfg: dict, labels: list[str], adapter_cfg: dict, unseen=()):

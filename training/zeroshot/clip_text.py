@@ -1,11 +1,9 @@
 """An open_clip text tower as a ``TextEncoder``, run over each prompt's real tokens only.
 
-The tokenizer pads every prompt to 77 positions; the description bank's prompts hold about 12 real tokens. A CLIP
-text tower is causal and reads its embedding at the end-of-text token (the highest id, ``argmax`` pooling), so no
-position after that token can change it: cutting a batch after its longest prompt gives the same embeddings, and
-sorting the prompts by length first keeps long and short ones apart: the description bank's prompts then pass about
-a sixth of the positions through the tower. A tower that attends both ways or pools another position (BiomedCLIP's
-BERT, SigLIP's last token) is run at full length.
+Prompts are padded to 77 positions but hold about 12 real tokens. A causal tower pooled at the end-of-text token
+cannot be changed by later positions, so cutting a batch after its longest prompt (prompts sorted by length)
+gives the same embeddings for about a sixth of the work. A tower that attends both ways or pools another position
+(BiomedCLIP's BERT, SigLIP) is run at full length.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Leak guard: a zero-shot task trains on a manifest without the images of its unseen findings, nor their columns.
 
-Task 2's rule (docs/rules.md §11) bans every image that shows one of the six unseen findings, not only their
-labels. The data module only builds targets for the task's seen labels, but "only" is a property of code that can
-change, and a model learns a finding from its pixels whether or not a label says so; the guard makes the rule a
-property of the data. It reads the full manifest, counts the images positive for any unseen finding in each split
-(before dropping the columns that say so), removes them from ``train`` and ``val``, then drops the unseen columns.
-``test`` is kept whole and in order, because the unseen-class report scores the six findings there from the full
-manifest (``full_manifest``). The run records what was done (``run_tags``); :mod:`training.zeroshot.training_rule`
-checks the result before training.
+Task 2's rule (docs/rules.md §11) bans every image showing an unseen finding, not only its labels: a model learns a
+finding from pixels whether or not a label says so, and "the data module only builds seen targets" is a property
+of code that can change; the guard makes the rule a property of the data. ``test`` is kept whole and in order,
+because the unseen-class report scores the six findings there from the full manifest (``full_manifest``).
+:mod:`training.zeroshot.training_rule` checks the result before training.
 """
 
 from __future__ import annotations
@@ -84,12 +81,8 @@ def exclude_unseen_images(table: pd.DataFrame, unseen: Sequence[str]) -> tuple[p
 class SeenOnlySource:
     """Wraps any manifest source; ``prepare`` returns a copy of its manifest that obeys the training rule.
 
-    Args:
-        source: the configured source (synthetic, NIH, CXR-LT, CSV...). Its ``root``, ``name`` and
-            ``extra_columns`` are passed through, so images resolve exactly as before.
-        unseen: the task's unseen findings: their images leave train and val, their columns leave the copy.
-        out_dir: where the guarded copies go, named by the full manifest's fingerprint (never beside the
-            often read-only images).
+    ``root``, ``name`` and ``extra_columns`` of the wrapped source pass through, so images resolve as before. Copies go
+    to ``out_dir`` under the full manifest's fingerprint, never beside the often read-only images.
     """
 
     def __init__(self, source, unseen: Sequence[str], out_dir: str | Path = GUARD_DIR):

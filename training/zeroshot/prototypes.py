@@ -1,23 +1,12 @@
 """Prototype prompting: unseen-class prompts refined with the images the text is most confident about.
 
-A text prompt places an unseen class where the language side puts it; a radiograph of the class may sit
-elsewhere in the image space (the modality gap of CLIP-style models). Prototype prompting moves each unseen
-class's positive prompt towards images: score a pool of unlabelled images by text alone, keep per class the
-high-confidence ones (text probability ``>= threshold``, at most the ``max_samples`` most confident), average
-their unit image embeddings into a prototype ``p_c``, and prompt with
-
-    ``t'_c = normalise((1 - weight) * t+_c + weight * normalise(p_c))``
-
-in place of the text-only ``t+_c``. A class with no confident image keeps its text prompt. No label is read:
-selection is by the model's own text scores.
-
-Which pool: the validation split, at every validation epoch, so each checkpoint carries the prototypes of its own
-epoch (buffers of the model) and the test report, ``make evaluate``, serving and submissions score with the
-same prompts. Under the Task 2 training rule (docs/rules.md §11) validation holds no image known to show an unseen
-finding, so the confident images can only be unlabelled ones or the text's false alarms: on a fully labelled
-pool the prototypes therefore carry no class evidence, and the method's benefit needs a pool where the findings
-occur. :meth:`PrototypeClipClassifier.fit_prototypes` builds them from any loader of images (for example the
-test images, transductively, which is a test-phase decision: docs/zero-shot.md).
+Why: a text prompt places an unseen class where the language side puts it, while its radiographs may sit elsewhere
+(the modality gap of CLIP-style models). Each unseen class's positive prompt becomes
+``normalise((1 - weight) * t+_c + weight * normalise(p_c))``, ``p_c`` the mean of the images text alone scores
+most confidently; no label is read. Built on the validation split at every validation, so each checkpoint carries
+its own epoch's prompts. Under the Task 2 training rule validation holds no known unseen-finding image, so there
+the prototypes carry no class evidence; what it can and cannot do: docs/zero-shot.md, "Proxy-OOD folds and
+prototype prompting".
 """
 
 from __future__ import annotations
@@ -41,10 +30,6 @@ def select_confident(probs: torch.Tensor, threshold: float, max_samples: int) ->
 
 def class_prototypes(embeddings: torch.Tensor, selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean of the selected unit embeddings per class, re-normalised: ``(U, D)`` prototypes and ``(U,)`` counts.
-
-    Args:
-        embeddings: ``(N, D)`` image embeddings (normalised here).
-        selected: ``(N, U)`` bool from :func:`select_confident`.
 
     A class with no selected image gets a zero prototype and count 0.
     """

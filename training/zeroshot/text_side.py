@@ -1,13 +1,10 @@
 """From an adapter config to class text embeddings: bank + encoder + template ensembling + disk cache (+ centring).
 
-Centring (``center: true``): every class embedding of a general-purpose sentence encoder carries the same prompt
-context ("a chest x-ray showing ..."), which dominates it: with all-MiniLM-L6-v2 any two classes of the bank sit
-at cosine 0.5-0.87 and ``Normal`` is among the nearest neighbours of every unseen class. A zero-shot score
-``z . t_u`` then mostly measures how "chest-x-ray-like" the image embedding is, the same for every class, and
-inverts rankings (normal images score high on everything). Subtracting the mean embedding of *all bank classes*
-(a fixed reference set of text, independent of which classes a task holds out) and re-normalising keeps what
-tells classes apart: Scoliosis' nearest seen classes become Kyphosis and Vertebral Degenerative Changes, Bulla's
-Bronchiectasis and Emphysema. It is off for CLIP models, whose image and text spaces are aligned as trained.
+Why centring (``center: true``): a general-purpose sentence encoder's class embeddings all carry the same prompt
+context, which dominates them (``Normal`` is near every unseen class), so a zero-shot score mostly measures how
+"chest-x-ray-like" an image is and inverts rankings. Subtracting the mean of *all bank classes* (independent of
+which classes a task holds out) and re-normalising keeps what tells classes apart (Scoliosis' nearest seen
+classes become Kyphosis and Vertebral Degenerative Changes). Off for CLIP models, whose spaces are aligned.
 """
 
 from __future__ import annotations
@@ -24,15 +21,8 @@ from training.zeroshot.embeddings import CACHE_DIR, cached_class_embeddings, l2_
 def text_embeddings(adapter_cfg: Mapping, names: Sequence[str], kind: str = "positive", encoder=None) -> np.ndarray:
     """``(C, D)`` unit class embeddings of ``names`` as the adapter config describes them.
 
-    Every bank class is embedded (one cache entry per encoder, bank content and prompt side), then ``names`` are
-    picked, so the centring reference never depends on the task's split into seen and unseen classes.
-
-    Args:
-        adapter_cfg: ``configs/adapter`` node: ``bank`` (path or null), ``text_encoder`` (a component node),
-            ``include_description``, ``cache_dir``, ``center``.
-        names: classes to embed; every one must be in the bank (the error names the missing ones).
-        kind: ``positive`` or ``negative`` prompts.
-        encoder: an already built ``TextEncoder`` (the clip adapter passes its own text tower).
+    Every bank class is embedded, then ``names`` are picked, so the centring reference never depends on the task's
+    split into seen and unseen classes. ``encoder``: an already built one (the clip adapter passes its text tower).
     """
     bank = DescriptionBank.load(adapter_cfg.get("bank"))
     bank.require(names)

@@ -1,10 +1,9 @@
 """The training rule of a zero-shot task, checked before anything trains (docs/rules.md §11).
 
-The leak guard (:mod:`training.zeroshot.leak_guard`) builds a manifest that obeys the rule; this module checks the
-manifest the data module actually loaded, independently of how it was built, because a guarded copy edited by
-hand, a source that hands back another table or an override that skips the guard would otherwise train on banned
-images without a word. It also refuses a parent run (``stage=crt``) that was not itself trained under the rule:
-its backbone saw the images. Both fail before the MLflow run is created, with one line naming what broke it.
+Checked on the manifest the data module actually loaded, independently of the leak guard, because a guarded copy
+edited by hand, another source or an override skipping the guard would otherwise train on banned images silently.
+A parent run (``stage=crt``) not itself trained under the rule is refused too: its backbone saw the images.
+Both fail before the MLflow run is created.
 """
 
 from __future__ import annotations
@@ -28,12 +27,8 @@ class TrainingRuleError(UserError):
 def check_training_rule(datamodule, unseen: Sequence[str]) -> None:
     """Refuse training when a train or val image of ``datamodule`` is positive for an unseen finding.
 
-    The images are looked up by id in the full manifest (the guard's ``full_manifest``, else the manifest the data
-    module read), which still has the unseen columns. A manifest without any of them cannot be checked; the guard
-    says so and tags the run, and this returns.
-
-    Raises:
-        TrainingRuleError: naming the manifest, the split, the positives per finding and the first ids.
+    Images are looked up in the full manifest, which still has the unseen columns; one without any of them cannot be
+    checked (the guard says so and tags the run).
     """
     full_path = getattr(datamodule.source, "full_manifest", None) or datamodule.manifest.source_file
     full = read_manifest_table(full_path)
@@ -60,12 +55,8 @@ def check_training_rule(datamodule, unseen: Sequence[str]) -> None:
 def check_parent_run(client, parent_run: str, unseen: Sequence[str]) -> None:
     """Refuse a parent run (``stage=crt``) not trained under the rule for every one of ``unseen``.
 
-    A parent whose training rows carried no unseen label (tagged ``NOTHING_TO_CHECK``) went through the same guard
-    as this run will on such a release: refusing it would refuse every two-stage run there while the one-stage run
-    trains, so it passes, and its tag keeps saying that nothing was checked.
-
-    Raises:
-        TrainingRuleError: the parent's tags do not show a checked rule covering the task's unseen findings.
+    A parent tagged ``NOTHING_TO_CHECK`` (no unseen label in its rows) went through the same guard this run will on
+    such a release; refusing it would refuse every two-stage run there while the one-stage run trains, so it passes.
     """
     from mlflow.exceptions import MlflowException
 

@@ -1,20 +1,11 @@
 """How an unseen class is scored by a model trained on the seen classes: its own text, or its text neighbours.
 
-Two families, named in ``configs/adapter/semantic.yaml`` (``transfer``, ``transfer_candidates``):
-
-- ``direct``: the cosine of the projected image to the unseen class's own text embedding.
-- ``conse<k>`` (Norouzi et al. 2014, ConSE), e.g. ``conse3``: the unseen text embedding written as a convex
-  combination of its ``k`` nearest seen-class text embeddings, and the same combination of those classes' logits.
-  Why: the projection is trained against the seen directions of the text space only; the part of an unseen
-  embedding outside their span meets directions no loss constrained.
-
-Classes that name the *absence* of findings (``Normal``, ``No Finding``) never support a ConSE combination: with
-a general-purpose sentence encoder "normal chest x-ray" sits close to every short finding description, and its
-logit falls exactly when any finding is present, so borrowing it ranks diseased images last.
-
-Which transfer a run uses is chosen on validation, never on the test set: with ``transfer: auto`` the proxy-OOD
-heads score their pseudo-unseen classes with every candidate, and the candidate with the best pseudo-unseen mAP
-at an epoch is stored in the model (a buffer), so each checkpoint carries the choice made on its own validation.
+``conse<k>`` (Norouzi et al. 2014): the unseen text embedding as a convex combination of its ``k`` nearest
+seen-class ones, and the same combination of their logits. Why: the projection is trained only against seen
+directions; the part of an unseen embedding outside their span meets directions no loss constrained. Absence
+classes (``Normal``, ``No Finding``) never take part: "normal chest x-ray" sits near every short description and
+its logit falls when any finding is present, so borrowing it ranks diseased images last. The transfer is chosen
+on validation (proxy-OOD), never on test, and stored in the model so each checkpoint carries its own choice.
 """
 
 from __future__ import annotations
