@@ -64,9 +64,7 @@ class CodeRecord:
 
     Attributes:
         config: the run's ``config.yaml`` artifact (resolved and redacted when it was logged).
-        command: the command line(s) that wrote the submission.
         commit: the run's :data:`COMMIT_TAG` (``<sha>``, ``<sha>-dirty`` or ``unknown``), None when untagged.
-        run_id: the run whose config and commit these are.
         other_configs: ``{run id: config.yaml}`` of the other members of an ensemble.
     """
 

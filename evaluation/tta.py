@@ -274,10 +274,7 @@ def normalise_uint8(images: np.ndarray | torch.Tensor) -> torch.Tensor:
 class TTAPredictor:
     """Runs a model on every view of every batch and merges the per-view logits.
 
-    Args:
-        views: view specs (see :func:`build_views`).
-        merge: a key of :data:`MERGES`.
-        batch_size: batch size when images are given as one array rather than a loader.
+    ``batch_size`` applies when images are given as one array rather than a loader.
     """
 
     def __init__(self, views: Sequence[str | Mapping] = ("identity",), merge: str = "mean", batch_size: int = 32):

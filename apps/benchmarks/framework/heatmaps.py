@@ -131,11 +131,8 @@ def heatmap_note(encoder: Encoder) -> str:
 class FeatureLayer:
     """Where Grad-CAM looks in a backbone.
 
-    Attributes:
-        name: the module's qualified name inside the backbone (``layer4``, ``stages``, ``bn2``).
-        module: the module itself (its forward output is the feature map).
-        grid: ``(h, w)`` of the map for the probed input size.
-        tokens_after: a 3-D (token) output was computed after it: the map is a transformer's patch embedding.
+    ``grid`` is the map's ``(h, w)`` at the probed input size; ``tokens_after``: a 3-D (token) output was computed
+    after it, so the map is a transformer's patch embedding.
     """
 
     name: str
