@@ -47,18 +47,14 @@ def check_dataset(manifest_path: Path, root: Path, extra_columns=(), decode: boo
 
     Args:
         decode: fully decode every image with training's decoder, so what training refuses is refused here;
-            False: only header, declared size and end marker (seconds instead of minutes on a full release, but a
-            DICOM without pixel data or a PNG cut short inside its pixel data passes).
-        labels: a task's label columns (``+task=<name>``), which must then be present as training requires;
-            without a task every known finding column counts as a label.
+            False: only header, declared size and end marker (seconds instead of minutes, but a file cut short
+            inside its pixel data passes).
+        labels: a task's label columns (``+task=<name>``), required as training requires them; without a task
+            every known finding column counts as a label.
         patient_ids: False when the release has none (ROCOv2), so the report says disjointness is not checkable.
-        image_roots: folders the paths must lie under, as training requires; a path outside is reported and never
-            opened. None: not judged (``data.allow_outside_root=true``).
-        files_note: set by a source with no images here (PadChest's table alone): no image is opened and the files
-            and heterogeneity sections print this note instead.
-
-    Raises:
-        ManifestError: the file cannot be read as a table at all (missing, empty, not a CSV).
+        image_roots: folders the paths must lie under, as training requires; a path outside is never opened.
+            None: not judged (``data.allow_outside_root=true``).
+        files_note: set by a source with no images here (PadChest's table alone): printed instead of opening any.
     """
     report = DataReport(source=str(manifest_path))
     found = check_manifest(manifest_path, labels, vocabulary, root=root, extra_columns=extra_columns,

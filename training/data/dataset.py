@@ -66,18 +66,14 @@ class ManifestDataset(Dataset):
     """Images and targets of one split, from one of three places.
 
     * a **preprocessed cache** (``store`` plus ``positions``): rows of a memory-mapped array; nothing is decoded;
-    * **preloaded**: every image decoded once into one ``(N, H, W)`` uint8 array; at the platform's CPU sizes a
-      split fits in tens of MB and decoding costs more than augmenting;
-    * **lazily**: decoded on every access. Every file is checked first (:func:`training.data.images.check_file`,
-      a few KB each), so a broken file stops the command before training, not in a loader worker hours into it.
+    * **preloaded**: decoded once into one ``(N, H, W)`` uint8 array; at the platform's CPU sizes a split fits in
+      tens of MB and decoding costs more than augmenting;
+    * **lazily**: decoded on every access, each file checked first (a few KB), so a broken file stops the command
+      before training, not in a loader worker hours into it.
 
-    Args:
-        targets: ``(N, C)`` float32, -1 where a label is missing.
-        views: ``(N,)`` view index per image (-1 unknown), added to each item as ``"view"``; None leaves it out.
-        max_pixels: largest canvas decoded (``data.max_pixels``); it travels with the dataset into loader workers.
-
-    Raises:
-        ImageDecodeError: listing every file that cannot be read (preloaded: decoded; lazily: checked).
+    ``targets`` are ``(N, C)`` float32, -1 where a label is missing; ``views`` (-1 unknown) become each item's
+    ``"view"``. ``max_pixels`` travels with the dataset into loader workers. Raises ``ImageDecodeError`` listing
+    every file that cannot be read.
     """
 
     def __init__(self, root, paths, targets, image_ids, image_size, transform, preload=True, threads=4,

@@ -1,10 +1,9 @@
 """One place mapping finding names between spellings: the paper's, the organisers' columns, and other releases.
 
-The CXR-LT 2026 overview paper writes findings in title case ("Pleural Effusion"); the organisers' files mix
-cases and languages ("aortic elongation", "Support Devices", "pneumoperitoneo"; the exact table is
-:mod:`evaluation.organiser_names`), and users' own exports add underscores or change case. Adapters read any of
-these through :func:`canonical_name`, and the submission writer writes the organisers' columns, so a spelling
-difference can never silently create an all-negative class.
+The organisers' files mix cases and languages (``pneumoperitoneo``; the exact table is
+:mod:`evaluation.organiser_names`) and users' exports add underscores; adapters read any of these through
+:func:`canonical_name` and the submission writer writes the organisers' columns, so a spelling difference can
+never silently create an all-negative class.
 """
 
 from __future__ import annotations

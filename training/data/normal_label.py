@@ -18,8 +18,7 @@ NORMAL = "Normal"
 def mask_unlabelled_normal(targets: np.ndarray, labels: Sequence[str], normal: str = NORMAL) -> np.ndarray:
     """``targets (N, C)`` with ``-1`` in the ``normal`` column of every row that has no positive; a copy.
 
-    Rows already carrying ``Normal = 1`` have a positive and are untouched; findings keep their ``0``s (negatives
-    by the manifest contract). Without a ``normal`` label the targets are returned unchanged.
+    Findings keep their ``0``s (negatives by the manifest contract); without a ``normal`` label nothing changes.
     """
     labels = list(labels)
     if normal not in labels:

@@ -49,12 +49,9 @@ def load_weights(
 ) -> dict[str, list[str]]:
     """Copy the backbone tensors of ``path`` into ``model`` (in place) and report what matched.
 
-    Args:
-        weights_format: ``auto`` reads every known wrapping; naming one makes any other an error, not a guess.
-        trust_pickle: allow a file that only loads by unpickling arbitrary objects (it can run code).
-
-    Returns:
-        ``loaded``, ``missing`` (model keys left as initialised) and ``unused`` (file keys not loaded).
+    ``weights_format``: ``auto`` reads every known wrapping; naming one makes any other an error, not a guess.
+    ``trust_pickle`` allows a file that only loads by unpickling (it can run code). Returns ``loaded``, ``missing``
+    (left as initialised) and ``unused`` (file keys not loaded).
 
     Raises:
         WeightsError: unreadable file, pickle without trust, or a file for another architecture (fewer than

@@ -1,8 +1,7 @@
 """Is the tracking server there? Asked before anything is created, so a wrong URI fails in seconds.
 
-A tracking server (http(s) tracking URIs only; a local SQLite store cannot go away) is asked for its ``/health``
-with a short timeout, so a stopped server gives :class:`TrackingUnavailable` instead of MLflow's client retrying
-for minutes.
+Only http(s) tracking URIs are asked (a local SQLite store cannot go away); a stopped server gives
+:class:`TrackingUnavailable` instead of MLflow's client retrying for minutes.
 """
 
 from __future__ import annotations

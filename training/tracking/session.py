@@ -43,11 +43,8 @@ LOCAL_UI = "http://127.0.0.1:5000"
 class TrackingSession:
     """The run a training writes to.
 
-    Attributes:
-        logger: Lightning logger bound to the run.
-        run_id: MLflow run id.
-        checkpoint_dir: local folder for Lightning's working checkpoints (``last.ckpt`` for resume).
-        resume_from: checkpoint to resume from, or None for a fresh run.
+    ``checkpoint_dir`` holds Lightning's working checkpoints (``last.ckpt`` for resume); ``resume_from`` is None for
+    a fresh run.
     """
 
     logger: RunLogger

@@ -158,12 +158,10 @@ class PadChestSource(AdapterSource):
     """PadChest's released table as a manifest with the 36 CXR-LT 2026 classes (see the module docstring).
 
     Args:
-        table: relative to root; default: the first ``PADCHEST_chest_x_ray_images_labels_*.csv*``.
         image_subdirs: True: images are ``<image_dir>/<ImageDir>/<ImageID>`` as released; False: one folder.
         views: Projection -> manifest view, None to keep that projection out; default :data:`VIEWS`.
         unlabelled: ``zeros`` (as in the organisers' table) or ``drop``; counted and listed either way.
-        removal: the CXR-LT 2026 release folder or its ``Removal.csv`` (absolute, or relative to the working
-            directory). None: nothing is dropped.
+        removal: the CXR-LT 2026 release folder or its ``Removal.csv``. None: nothing is dropped.
         stratify: iterative stratification over patients (tens of seconds at this size) instead of the
             order-independent hash split of :func:`training.data.splits.patient_split`.
     """

@@ -40,16 +40,11 @@ class TableSource(AdapterSource):
 
     Args:
         table: one table for all rows, or ``{split: table}`` when the release ships one table per split.
-        image_suffix: appended when the image column holds bare ids (``".png"``).
-        patient_column: without one every image counts as its own patient (logged, since splits can then leak
-            patients).
-        split_column: the release's split of each row; rows with an empty value, and all rows when there is
-            neither such a column nor per-split tables, are split by patient.
-        split_names: the release's split spelling -> manifest split; compared case-, space- and
-            hyphen-insensitively. Default :data:`SPLIT_NAMES`.
+        patient_column: without one every image counts as its own patient (logged, since splits can then leak).
+        split_column: the release's split of each row; rows without one are split by patient.
+        split_names: the release's split spelling -> manifest split, compared case-, space- and hyphen-insensitively.
         label_columns: default: every column not named above nor in ``extra_columns`` / ``ignore_columns``.
         label_map: table column -> finding name, for spellings no alias covers.
-        keep_columns: columns copied into the manifest as they are (age, sex, ...).
     """
 
     def __init__(
