@@ -21,8 +21,8 @@ import numpy as np
 
 CHUNK_BYTES = 8 * 2**20
 """Target size of one ``(N, chunk)`` float64 count array: small enough that the sparse products of
-``evaluation.ranking`` read it from cache (measured fastest around 6-10 MB at N = 150,000), and it bounds memory:
-a chunk holds a few arrays of this size whatever ``n_boot`` is."""
+``evaluation.ranking`` read it from cache, and it bounds memory: a chunk holds a few arrays
+of this size whatever ``n_boot`` is."""
 
 
 def resample_generator(seed: int, b: int) -> np.random.Generator:
@@ -80,24 +80,11 @@ def resample_indices(n_items: int, n_boot: int, seed: int, *, start: int = 0, st
     return out
 
 
-def resample_counts(n_items: int, n_boot: int, seed: int, *, start: int = 0, stop: int | None = None,
-                    strata: Sequence | np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """How many times each image is drawn in resamples ``start..stop-1`` (the same draws as ``resample_indices``,
-    ``strata`` as there).
-
-    Returns:
-        ``(stop - start, N)`` float64 counts; each row sums to ``N``. Float so it feeds matrix products directly
-        (integer counts up to ``N`` are exact in float64).
-    """
-    stop = _check_range(n_items, n_boot, start, stop)
-    return count_rows(n_items, seed, start, stop, strata_members(strata, n_items))
-
-
 def count_rows(n_items: int, seed: int, start: int, stop: int, members: list[np.ndarray] | None) -> np.ndarray:
     """``(stop - start, N)`` float64 counts of resamples ``start..stop-1``, strata given as ``strata_members``.
 
-    Why separate from ``resample_counts``: ``iter_count_chunks`` calls it once per chunk with the strata resolved
-    once (sorting string labels per chunk cost more than drawing). A stratum's draws are counted into its own images
+    The same draws as :func:`resample_indices`; separate from it because ``iter_count_chunks`` calls it once per
+    chunk with the strata resolved once (sorting string labels per chunk would cost more than drawing). A stratum's draws are counted into its own images
     (``bincount`` of the within-stratum indices), which gives the same counts as counting ``_draw``'s image indices.
     """
     out = np.zeros((stop - start, n_items))  # (b, N)

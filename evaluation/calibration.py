@@ -5,7 +5,8 @@ equals ``sum_b |sum_{i in b} (y_i - p_i)| / n``; with counts ``w`` it is ``sum_b
 sum_i w_i``, the ECE of the resampled data. Empty bins contribute 0.
 
 Bin edges: ``edges = linspace(0, 1, n_bins + 1)``; bin ``k`` is ``(edges[k], edges[k+1]]`` except that bin 0 also
-takes ``p = 0``, i.e. ``np.digitize(p, edges[1:-1], right=True)``. So 1/15 is in bin 0 and 1.0 in the last bin.
+takes ``p = 0``, i.e. ``np.digitize(p, edges[1:-1], right=True)`` (``evaluation.ranking.calibration_bin``). So 1/15 is
+in bin 0 and 1.0 in the last bin.
 
 The per-bin sums ``sum w (y - p)`` are rows of ``evaluation.ranking.ClassPlan``'s sparse matrix, computed for a
 chunk of resamples together with the ranking statistics.
@@ -15,14 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from evaluation.ranking import N_BINS, ClassPlan, calibration_bin, counts_matrix
+from evaluation.ranking import N_BINS, ClassPlan, counts_matrix
 
-__all__ = ["N_BINS", "bin_index", "ece", "ece_from_bins", "pooled_ece"]
-
-
-def bin_index(p: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
-    """Bin of each probability, ``(N,)`` -> ``(N,)`` in ``0..n_bins-1`` (bin 0 closed at 0, others ``(lo, hi]``)."""
-    return calibration_bin(p, n_bins)
+__all__ = ["N_BINS", "ece", "ece_from_bins", "pooled_ece"]
 
 
 def ece_from_bins(residuals: np.ndarray, total: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from evaluation.ranking import ClassPlan, ClassStats, SortedClass, counts_matrix
+from evaluation.ranking import ClassPlan, ClassStats, SortedClass
 
 DEFAULT_THRESHOLD = 0.5
 
@@ -49,28 +49,6 @@ def f1_precision_recall_from_counts(
     recall = np.divide(tp, positives, out=zeros.copy(), where=positives > 0)
     f1 = np.divide(2 * tp, 2 * tp + fp + fn, out=zeros.copy(), where=(2 * tp + fp + fn) > 0)
     return f1, precision, recall
-
-
-def f1_precision_recall(
-    y: np.ndarray, p: np.ndarray, threshold: float = DEFAULT_THRESHOLD, counts: np.ndarray | None = None
-) -> tuple[float | np.ndarray, float | np.ndarray, float | np.ndarray]:
-    """F1, precision and recall of one class at ``prob >= threshold``, optionally weighted by per-image counts.
-
-    Args:
-        y: ``(N,)`` targets in {-1, 0, 1}; -1 entries are left out.
-        p: ``(N,)`` probabilities.
-        threshold: decision threshold.
-        counts: ``None``, ``(N,)`` counts or ``(B, N)`` counts of ``B`` resamples.
-
-    Returns:
-        ``(f1, precision, recall)``: floats, or ``(B,)`` arrays when ``counts`` is 2-D.
-    """
-    plan = ClassPlan.build(y, p, thresholds=(threshold,))
-    counts_t, batch = counts_matrix(len(y), counts)
-    f1, precision, recall = f1_precision_recall_from_counts(*confusion_at(plan, plan.stats(counts_t), threshold))
-    if batch:
-        return f1, precision, recall
-    return float(f1[0]), float(precision[0]), float(recall[0])
 
 
 def best_f1_threshold(y: np.ndarray, p: np.ndarray, fallback: float = DEFAULT_THRESHOLD) -> float:

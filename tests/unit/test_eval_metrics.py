@@ -12,13 +12,13 @@ from evaluation.bootstrap import (
     auto_chunk,
     iter_count_chunks,
     percentile_ci,
-    resample_counts,
     resample_indices,
 )
-from evaluation.calibration import bin_index, ece, pooled_ece
-from evaluation.ranking import ap_auroc_weighted, average_precision, roc_auc
+from evaluation.calibration import ece, pooled_ece
+from evaluation.metric_registry import ClassChunk
+from evaluation.ranking import ClassPlan, ap_auroc_weighted, average_precision, calibration_bin, counts_matrix, roc_auc
 from evaluation.suite import compute_suite, group_metrics
-from evaluation.thresholds import best_f1_threshold, f1_precision_recall, select_thresholds
+from evaluation.thresholds import best_f1_threshold, f1_precision_recall_from_counts, select_thresholds
 
 TOL = 1e-9
 
@@ -33,6 +33,23 @@ def hand_ece(y, p, n_bins=15):
         if members.any():
             total += members.sum() / len(p) * abs(y[members].mean() - p[members].mean())
     return total
+
+
+def resample_counts(n_items, n_boot, seed, strata=None):
+    """Counts of resamples ``0..n_boot-1`` in one chunk, as the suite draws them."""
+    return next(iter_count_chunks(n_items, n_boot, seed, max(n_boot, 1), strata))[1]
+
+
+def at_threshold(y, p, threshold, counts=None):
+    """``(f1, precision, recall)``, each ``(b,)``, as the suite reads them (NaN where a resample has no positive)."""
+    plan = ClassPlan.build(y, p, thresholds=(threshold,))
+    counts_t, _ = counts_matrix(len(y), counts)
+    return ClassChunk(plan, plan.stats(counts_t), threshold).at_threshold
+
+
+def scalar(values):
+    """The values of the one resample of a weight-free call, as floats."""
+    return tuple(float(value[0]) for value in values)
 
 
 def sk_prf(y, p, t):
@@ -106,23 +123,24 @@ def test_f1_precision_recall_match_sklearn(threshold):
     rng = np.random.default_rng(4)
     y, p = make_class(rng, 120, 0.3, decimals=1, unlabelled=0.1)  # decimals=1 puts scores exactly on 0.3 and 0.5
     known = y >= 0
-    assert f1_precision_recall(y, p, threshold) == pytest.approx(sk_prf(y[known], p[known], threshold), abs=TOL)
+    assert scalar(at_threshold(y, p, threshold)) == pytest.approx(sk_prf(y[known], p[known], threshold), abs=TOL)
 
 
 def test_f1_conventions():
     # prob == threshold is positive.
-    assert f1_precision_recall(np.array([1, 0]), np.array([0.5, 0.2]), 0.5) == (1.0, 1.0, 1.0)
+    assert scalar(at_threshold(np.array([1, 0]), np.array([0.5, 0.2]), 0.5)) == (1.0, 1.0, 1.0)
     # No predicted positive: precision 0 (zero_division=0), recall 0, F1 0.
-    assert f1_precision_recall(np.array([1, 0, 1]), np.array([0.1, 0.2, 0.3]), 0.5) == (0.0, 0.0, 0.0)
-    # No positive at all: everything 0.
-    assert f1_precision_recall(np.array([0, 0]), np.array([0.9, 0.2]), 0.5) == (0.0, 0.0, 0.0)
+    assert scalar(at_threshold(np.array([1, 0, 1]), np.array([0.1, 0.2, 0.3]), 0.5)) == (0.0, 0.0, 0.0)
+    # No positive at all: everything 0 from the counts; the suite then leaves the class out (NaN).
+    assert f1_precision_recall_from_counts(0.0, 1.0, 0.0) == (0.0, 0.0, 0.0)
+    assert all(np.isnan(at_threshold(np.array([0, 0]), np.array([0.9, 0.2]), 0.5)))
 
 
 def test_ece_bin_edges():
     # bin 0 takes 0 and 1/15; each later bin is (lo, hi]; 1.0 is in the last bin.
     p = np.array([0.0, 1 / 15, np.nextafter(1 / 15, 1), 2 / 15, 0.5, 1.0])
-    assert bin_index(p).tolist() == [0, 0, 1, 1, 7, 14]
-    assert bin_index(p).tolist() == np.digitize(p, np.linspace(0, 1, 16)[1:-1], right=True).tolist()
+    assert calibration_bin(p, 15).tolist() == [0, 0, 1, 1, 7, 14]
+    assert calibration_bin(p, 15).tolist() == np.digitize(p, np.linspace(0, 1, 16)[1:-1], right=True).tolist()
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -154,17 +172,17 @@ def test_weighted_metrics_equal_sklearn_on_resampled_data(seed):
     indices = resample_indices(len(y), 6, seed)  # (6, 60)
     counts = resample_counts(len(y), 6, seed)
     ap, auroc = ap_auroc_weighted(y, p, counts)
-    f1, precision, recall = f1_precision_recall(y, p, 0.5, counts)
+    f1, precision, recall = at_threshold(y, p, 0.5, counts)
     calib = ece(y, p, counts)
     for b in range(6):
         yb, pb = y[indices[b]], p[indices[b]]
         keep = yb >= 0
         yb, pb = yb[keep], pb[keep]
         assert calib[b] == pytest.approx(hand_ece(yb, pb), abs=TOL)
-        assert (f1[b], precision[b], recall[b]) == pytest.approx(sk_prf(yb, pb, 0.5), abs=TOL)
         if yb.sum() == 0:
-            assert np.isnan(ap[b]) and np.isnan(auroc[b])
+            assert np.isnan([ap[b], auroc[b], f1[b], precision[b], recall[b]]).all()
             continue
+        assert (f1[b], precision[b], recall[b]) == pytest.approx(sk_prf(yb, pb, 0.5), abs=TOL)
         assert ap[b] == pytest.approx(average_precision_score(yb, pb), abs=TOL)
         if (yb == 0).any():
             assert auroc[b] == pytest.approx(roc_auc_score(yb, pb), abs=TOL)

@@ -12,7 +12,7 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
-from evaluation.bootstrap import resample_counts, resample_indices
+from evaluation.bootstrap import resample_indices
 from evaluation.metric_registry import (
     BINARY,
     SUITE,
@@ -24,7 +24,7 @@ from evaluation.metric_registry import (
 )
 from evaluation.ranking import ClassPlan, counts_matrix
 from evaluation.suite import compute_suite
-from tests.unit.test_eval_metrics import hand_ece
+from tests.unit.test_eval_metrics import hand_ece, resample_counts
 
 TOL = 1e-12
 CHALLENGE_CHAIN = ["mAP", "mAUROC", "mF1", "mECE", "mPrecision", "mRecall"]  # CXR-LT ranking rules
@@ -87,7 +87,7 @@ def test_per_class_entries_match_references(seed, decimals):
 def test_per_class_entries_on_resamples_equal_references_on_the_resampled_data():
     """The bootstrap's correctness: a count-weighted value equals the reference on the explicitly resampled data."""
     y, p = one_class(7, decimals=2)
-    counts = resample_counts(len(y), 5, seed=2)
+    counts = resample_counts(len(y), 5, 2)
     rows = resample_indices(len(y), 5, seed=2)
     chunk = chunk_of(y, p, counts)
     for metric in SUITE.per_class(val_thresholds=True):

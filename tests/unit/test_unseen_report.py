@@ -7,9 +7,10 @@ import pytest
 from omegaconf import OmegaConf
 from sklearn.metrics import average_precision_score
 
-from evaluation.bootstrap import resample_counts, resample_indices
+from evaluation.bootstrap import resample_indices
 from evaluation.suite import compute_suite
 from evaluation.unseen import configured_internal_source, summary_table, unseen_metrics, unseen_scopes
+from tests.unit.test_eval_metrics import resample_counts
 
 LABELS = ["Adenopathy", "Scoliosis", "Goiter"]
 
@@ -30,7 +31,7 @@ def scored(seed=0, n_a=40, n_b=25):
 def test_stratified_resamples_keep_every_strata_count_and_draw_only_within_it():
     strata = np.array(list("aabbbbbcab"))
     indices = resample_indices(len(strata), 50, seed=4, strata=strata)
-    counts = resample_counts(len(strata), 50, seed=4, strata=strata)
+    counts = resample_counts(len(strata), 50, 4, strata)
     for name in "abc":
         members = strata == name
         np.testing.assert_array_equal(counts[:, members].sum(axis=1), members.sum())  # count kept in every resample
@@ -39,7 +40,7 @@ def test_stratified_resamples_keep_every_strata_count_and_draw_only_within_it():
         np.testing.assert_array_equal(np.bincount(row, minlength=len(strata)), counts[b])
     # The draws differ between resamples, and one stratum is exactly the unstratified bootstrap.
     assert len({tuple(r) for r in indices}) > 40
-    np.testing.assert_array_equal(resample_counts(10, 7, seed=4, strata=["x"] * 10), resample_counts(10, 7, seed=4))
+    np.testing.assert_array_equal(resample_counts(10, 7, 4, ["x"] * 10), resample_counts(10, 7, 4))
 
 
 def test_strata_of_the_wrong_length_are_refused():
