@@ -314,17 +314,6 @@ def average_precision(y: np.ndarray, p: np.ndarray, counts: np.ndarray | None = 
     return ap_auroc_weighted(y, p, counts)[0]
 
 
-def voc_average_precision(
-    y: np.ndarray, p: np.ndarray, points: int | None = None, counts: np.ndarray | None = None
-) -> float | np.ndarray:
-    """PASCAL VOC interpolated AP of one class (all-point, or ``points``-point), optionally count-weighted; see
-    :func:`interpolated_ap`. Floats, or ``(B,)`` when ``counts`` is 2-D; NaN without a positive."""
-    plan = ClassPlan.build(y, p)
-    counts_t, batch = counts_matrix(len(y), counts)
-    ap = interpolated_ap(plan, plan.stats(counts_t), points)
-    return ap if batch else float(ap[0])
-
-
 def roc_auc(y: np.ndarray, p: np.ndarray, counts: np.ndarray | None = None) -> float | np.ndarray:
     """Weighted AUROC (scikit-learn's ``roc_auc_score`` on the resampled data); see ``ap_auroc_weighted``."""
     return ap_auroc_weighted(y, p, counts)[1]

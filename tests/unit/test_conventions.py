@@ -23,13 +23,21 @@ from evaluation.conventions import (
     unseen_pooled_alternative,
 )
 from evaluation.evaluate import Evaluation, MetricSet
-from evaluation.ranking import voc_average_precision
+from evaluation.ranking import ClassPlan, counts_matrix, interpolated_ap
 from evaluation.report import write_report
 from evaluation.suite import compute_suite
 from evaluation.unseen import UnseenReport, unseen_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = ["Cardiomegaly", "Hernia", "Pleural Effusion"]
+
+
+def voc_ap(y, p, points=None, counts=None):
+    """PASCAL VOC AP of one class as the suite computes it (``interpolated_ap``); a float without ``counts``."""
+    plan = ClassPlan.build(y, p)
+    counts_t, batch = counts_matrix(len(y), counts)
+    ap = interpolated_ap(plan, plan.stats(counts_t), points)
+    return ap if batch else float(ap[0])
 
 
 def devkit_voc_ap(y: np.ndarray, p: np.ndarray, use_07_metric: bool) -> float:
@@ -68,9 +76,9 @@ def test_voc_ap_by_hand_on_a_curve_whose_envelope_lifts_a_positive():
     y, p = np.array([1, 0, 0, 1, 1]), np.array([0.9, 0.8, 0.7, 0.6, 0.5])
     assert average_precision_score(y, p) == pytest.approx((1 + 0.5 + 0.6) / 3)  # step AP: 0.7
     # all-point: the envelope lifts the second positive's 0.5 to the third's 0.6
-    assert voc_average_precision(y, p) == pytest.approx((1 + 0.6 + 0.6) / 3)  # 0.7333
+    assert voc_ap(y, p) == pytest.approx((1 + 0.6 + 0.6) / 3)  # 0.7333
     # 11-point: r = 0, 0.1, 0.2, 0.3 reach the first positive (precision 1), r = 0.4 ... 1 the envelope 0.6
-    assert voc_average_precision(y, p, points=11) == pytest.approx((4 * 1.0 + 7 * 0.6) / 11)  # 0.7455
+    assert voc_ap(y, p, points=11) == pytest.approx((4 * 1.0 + 7 * 0.6) / 11)  # 0.7455
 
 
 @pytest.mark.parametrize("positives", [1, 3, 7, 13, 29])
@@ -79,20 +87,20 @@ def test_voc_ap_equals_the_devkit_code_without_ties(positives):
     y = np.zeros(90, int)
     y[rng.choice(90, positives, replace=False)] = 1
     p = rng.random(90) + 0.4 * y
-    assert voc_average_precision(y, p) == pytest.approx(devkit_voc_ap(y, p, False), abs=1e-12)
+    assert voc_ap(y, p) == pytest.approx(devkit_voc_ap(y, p, False), abs=1e-12)
     # 11-point: with these counts no recall lands on a tenth, where the devkit's 0.1 * k rounding would differ
-    assert voc_average_precision(y, p, points=11) == pytest.approx(devkit_voc_ap(y, p, True), abs=1e-12)
-    assert voc_average_precision(y, p) >= average_precision_score(y, p) - 1e-12  # the envelope never lowers it
+    assert voc_ap(y, p, points=11) == pytest.approx(devkit_voc_ap(y, p, True), abs=1e-12)
+    assert voc_ap(y, p) >= average_precision_score(y, p) - 1e-12  # the envelope never lowers it
 
 
 def test_voc_ap_meets_a_recall_level_exactly():
     # 10 positives all ranked first: recall 0.3 is reached exactly at the third, precision 1 everywhere -> AP 1
     y, p = np.r_[np.ones(10, int), np.zeros(5, int)], np.linspace(1.0, 0.0, 15)
-    assert voc_average_precision(y, p, points=11) == 1.0
+    assert voc_ap(y, p, points=11) == 1.0
     assert devkit_voc_ap(y, p, True) == pytest.approx(1.0)  # here the devkit agrees; the levels are met
     y = np.r_[np.ones(3, int), np.zeros(1, int), np.ones(7, int)]  # recall 3/10 then precision falls to 10/11
     expected = (4 * 1.0 + 7 * (10 / 11)) / 11  # r <= 0.3 reach the first three positives exactly
-    assert voc_average_precision(y, np.linspace(1.0, 0.0, 11), points=11) == pytest.approx(expected)
+    assert voc_ap(y, np.linspace(1.0, 0.0, 11), points=11) == pytest.approx(expected)
 
 
 def test_weighted_voc_ap_equals_voc_ap_of_the_resampled_data():
@@ -100,17 +108,17 @@ def test_weighted_voc_ap_equals_voc_ap_of_the_resampled_data():
     y, p = targets[:, 0], probs[:, 0]
     counts = np.random.default_rng(5).multinomial(len(y), np.full(len(y), 1 / len(y)), size=6)  # (6, N)
     for points in (None, 11):
-        weighted = voc_average_precision(y, p, points=points, counts=counts)
+        weighted = voc_ap(y, p, points=points, counts=counts)
         for b, row in enumerate(counts):
             keep = np.repeat(np.arange(len(y)), row)
-            assert weighted[b] == pytest.approx(voc_average_precision(y[keep], p[keep], points=points), abs=1e-12)
+            assert weighted[b] == pytest.approx(voc_ap(y[keep], p[keep], points=points), abs=1e-12)
 
 
 def test_the_suite_computes_map_as_configured():
     targets, probs = scored()
     for rule, points in (("voc_all", None), ("voc_11", 11)):
         metrics = compute_suite(targets, probs, LABELS, n_boot=30, seed=2, ap=rule).metrics
-        expected = [voc_average_precision(targets[:, c], probs[:, c], points=points) for c in range(3)]
+        expected = [voc_ap(targets[:, c], probs[:, c], points=points) for c in range(3)]
         assert metrics["mAP"] == pytest.approx(np.mean(expected))
         assert metrics["ap/Hernia"] == pytest.approx(expected[1])
     step = compute_suite(targets, probs, LABELS, n_boot=0).metrics["mAP"]
