@@ -1,8 +1,10 @@
 """Zero-shot and the linear probe for one binary finding: the two ways a protocol can ask any model a yes/no
 question, whether it was trained for it (zero-shot: nothing is fitted) or only gives features (the probe).
 
-Each returns the method's :class:`~apps.benchmarks.framework.protocol.Prediction` on the test items, the columns it
-adds to ``scores.csv`` and the note that tells the reader how the answer was made.
+Zero-shot needs nothing fitted, so a protocol reads ``Features.zero_shot`` and decides by its own rule (e.g.
+apps/benchmarks/pneumonia.py's card rule); the probe, here, returns its
+:class:`~apps.benchmarks.framework.protocol.Prediction` on the test items, the columns it adds to ``scores.csv``
+and the note that tells the reader how the answer was made.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from apps.benchmarks.framework.encoders import Encoder
 from apps.benchmarks.framework.probe import MAX_ITER, C, fit_probe, probe_probabilities
 from apps.benchmarks.framework.protocol import Features, Prediction
 
@@ -33,21 +34,6 @@ class MethodResult:
     prediction: Prediction | None
     columns: dict[str, np.ndarray] = field(default_factory=dict)
     note: str = ""
-
-
-def binary_zero_shot(encoder: Encoder, features: Features, label: str, subset: str = "test") -> MethodResult:
-    """The model's own score for the finding ``label`` on ``subset`` and its own decision rule (a platform run's
-    threshold for that output, 0.5 without one; a prompt margin above 0), or why it has none."""
-    if not encoder.has_zero_shot(label):
-        return MethodResult(None, note=f"zero-shot: not available: {encoder.zero_shot_notes[label]}")
-    scores = features.zero_shot(label, subset)  # (N,)
-    decisions = features.decisions(label, subset)
-    word = label.lower()
-    return MethodResult(
-        Prediction(scores, decisions),
-        {"zero_shot_score": scores, f"zero_shot_{word}": decisions.astype(int)},
-        f"zero-shot score: {encoder.zero_shot_kind}, {word} when {encoder.decision_rule(label)}",
-    )
 
 
 def binary_probe(features: Features, train_labels: np.ndarray, label: str, train: str = "train",
