@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from training.data.adapters.base import AdapterError
-from training.data.adapters.kermany import KermanySource, parse_name, patient_key
+from training.data.adapters.kermany import KermanySource, parse_name
 from training.data.adapters.nih14 import NIH14Source
 from training.data.adapters.table import TableSource
 from training.data.findings import NIH14_LABELS
@@ -43,7 +43,7 @@ def test_kermany_file_names(name, patient, subtype):
 
 def test_kermany_unknown_file_name_is_named():
     with pytest.raises(AdapterError, match="scan_7.jpeg"):
-        patient_key("scan_7.jpeg")
+        parse_name("scan_7.jpeg")
 
 
 def test_kermany_layout_to_manifest(tmp_path):

@@ -46,7 +46,7 @@ from apps.benchmarks.pneumonia import (
     pools,
 )
 from tests.benchmark_data import write_kermany, write_tiny_clip
-from training.data.adapters.kermany import patient_key
+from training.data.adapters.kermany import parse_name
 from training.data.transforms import GRAY_MEAN, GRAY_STD
 
 PROTOCOL = load_protocol("pneumonia")
@@ -169,7 +169,7 @@ def test_fingerprint_is_order_free_and_sensitive_to_ids_and_labels():
     ],
 )
 def test_patient_number_of_every_file_name_shape(file_name, patient):
-    assert patient_key(file_name) == patient
+    assert parse_name(file_name)[0] == patient
 
 
 def test_leakage_rule_removes_exactly_the_shared_patients():
@@ -217,7 +217,7 @@ def expected_training_ids(root, test_patients: set[str], size: int = 500) -> set
     ``test_patients``, then per label the quota's lowest ``sha256("<seed>:pneumonia-train-<file stem>")`` ranks."""
     kept = {0: [], 1: []}
     for path in sorted((root / "train").rglob("*.jpeg")):
-        if patient_key(path.name) not in test_patients:
+        if parse_name(path.name)[0] not in test_patients:
             kept[int(path.parent.name == "PNEUMONIA")].append(f"pneumonia-train-{path.stem}")
     quotas = largest_remainder_quotas({label: len(ids) for label, ids in kept.items()}, size)
     return {item for label, ids in kept.items() for item in hash_order(ids, SEED)[: quotas[label]]}
@@ -228,8 +228,8 @@ def test_each_version_excludes_only_the_patients_of_its_own_test_images(tmp_path
     (only the drawn ones) exclude different films and so draw different training sets."""
     shared = write_kermany(tmp_path, train=(140, 380), test=(45, 75), shared=30, shared_films=3)
     full, n100 = draw_subsets(PROTOCOL, tmp_path), draw_subsets(PROTOCOL, tmp_path, "n100")
-    all_test_patients = {patient_key(path.name) for path in (tmp_path / "test").rglob("*.jpeg")}
-    n100_patients = {patient_key(item.removeprefix("pneumonia-test-") + ".jpeg") for item in n100.test.ids}
+    all_test_patients = {parse_name(path.name)[0] for path in (tmp_path / "test").rglob("*.jpeg")}
+    n100_patients = {parse_name(item.removeprefix("pneumonia-test-") + ".jpeg")[0] for item in n100.test.ids}
     undrawn = set(shared["shared_patients"]) - n100_patients
     k = len(undrawn)  # 20 of the 120 test images are not drawn; k of them have training films (3 each)
     assert 0 < k <= 20

@@ -137,11 +137,6 @@ class StudyState:
         return f"best {metric} {best.value:.4f} (trial {best.number}){standing}: {best.params}"
 
 
-def state_counts(study: optuna.Study) -> dict[str, int]:
-    """Trials per state name, e.g. ``{"COMPLETE": 4, "PRUNED": 2}`` (states with no trial left out)."""
-    return StudyState.read(study).counts()
-
-
 def log_best(study: optuna.Study, client: MlflowClient, run_id: str, metric: str) -> StudyState:
     """Bring the parent run's best history, counts and ``best.*`` tags up to the storage's state (see module).
 

@@ -70,15 +70,6 @@ def removal_ids(folder_or_file: Path) -> frozenset[str]:
     return frozenset(table["ImageID"][table["ImageID"] != ""])
 
 
-def evaluation_ids(folder: Path) -> dict[str, list[str]]:
-    """``{test list file name: its ImageIDs in order}`` for each test list present in the release folder."""
-    found = {}
-    for name in TEST_LISTS.values():
-        if (Path(folder) / name).is_file():
-            found[name] = read_release_table(Path(folder) / name)["ImageID"].tolist()
-    return found
-
-
 def class_list(path: Path) -> list[str]:
     """The class names of ``Eval_Class_Task2.txt`` / ``Train_CLASS.txt``: one per line, the tab each line ends with
     (and any other surrounding blank) stripped, empty lines skipped."""

@@ -38,11 +38,6 @@ def parse_name(file_name: str) -> tuple[str, str | None]:
                        "[NORMAL<k>-]IM-<N>-<M>")  # fmt: skip
 
 
-def patient_key(file_name: str) -> str:
-    """The patient number of a release file name (``person123``, ``IM-0115``, ``NORMAL2-IM-0383``)."""
-    return parse_name(file_name)[0]
-
-
 class KermanySource(AdapterSource):
     """The release's folders as a manifest with one label, ``Pneumonia``, and the subtype as an extra column.
 

@@ -176,13 +176,6 @@ def lung_contour(g: Geometry, side: str) -> tuple[np.ndarray, dict[str, slice]]:
     return pts, parts
 
 
-def lateral_x(g: Geometry, side: str, y: float) -> float:
-    """x of the lateral lung border at height ``y`` (clamped to the lung's vertical range)."""
-    pts, parts = lung_contour(g, side)
-    lat = pts[parts["lateral"]]
-    return float(np.interp(y, lat[:, 1], lat[:, 0]))
-
-
 def _body(g: Geometry, n: int) -> np.ndarray:
     """Soft-tissue path length through an elliptic torso ``(n, n)``, 1 at the midline."""
     X, Y = grid(n)
