@@ -18,20 +18,18 @@ from apps.benchmarks.chextemporal.progression import (
     RuleThresholds,
     apply_rule,
     class_prompts,
-    class_text_embeddings,
     confusion,
     fit_progression_head,
     fit_rule,
     load_prompt_bank,
     majority_floor,
+    mean_prompt_scores,
     out_of_fold,
-    predict_classes,
+    pair_change,
     predict_head,
     present_grid,
     progression_metrics,
     prompt_embeddings,
-    zero_shot_from_text,
-    zero_shot_progression,
     zero_shot_scores,
 )
 from tests.conftest import PROJECT_ROOT
@@ -72,6 +70,16 @@ def test_a_template_without_exactly_one_placeholder_is_refused(tmp_path, templat
 # ------------------------------------------------------------------------------------------------ zero-shot
 
 
+def one_prompt_each(text: np.ndarray) -> list[np.ndarray]:
+    """Class ``k``'s one prompt embeds as ``text[k]``, through :func:`prompt_embeddings` (which unit-scales it)."""
+    return prompt_embeddings({str(k): [str(k)] for k in range(len(text))}, lambda texts: text[[int(t) for t in texts]])
+
+
+def winner(scores: np.ndarray, classes) -> np.ndarray:
+    """The class of each row's highest score, as the benchmark predicts it."""
+    return np.asarray(classes)[scores.argmax(axis=1)]
+
+
 def test_zero_shot_predicts_the_class_whose_text_the_change_points_along():
     # Class texts are the axes e1..e5; every prior film is 3 * e0 (orthogonal to all texts), and the current film
     # adds some of one class's axis. The change of the unit vectors has an e0 part (orthogonal to every text)
@@ -80,13 +88,13 @@ def test_zero_shot_predicts_the_class_whose_text_the_change_points_along():
     class_text = np.eye(dim)[1:] * np.array([[2.0], [0.5], [1.0], [4.0], [1.5]])  # lengths must not matter
     prior = np.tile(3.0 * np.eye(dim)[0], (5, 1))
     current = 7.0 * (np.eye(dim)[0] + 0.4 * np.eye(dim)[1:])  # row k moves towards class k
-    scores = zero_shot_progression(prior, current, class_text)
+    scores = zero_shot_scores(prior, current, one_prompt_each(class_text))
     assert scores.shape == (5, 5)
-    assert list(predict_classes(scores, classes)) == list(classes)
+    assert list(winner(scores, classes)) == list(classes)
     off_diagonal = scores[~np.eye(5, dtype=bool)]
     assert np.allclose(off_diagonal, 0.0) and (np.diag(scores) > 0).all()
     # Moving back (current and prior swapped) points away from the class: a negative cosine.
-    assert (np.diag(zero_shot_progression(current, prior, class_text)) < 0).all()
+    assert (np.diag(zero_shot_scores(current, prior, one_prompt_each(class_text))) < 0).all()
 
 
 def test_zero_shot_is_the_cosine_of_the_unit_embedding_difference_with_each_class_text():
@@ -97,7 +105,7 @@ def test_zero_shot_is_the_cosine_of_the_unit_embedding_difference_with_each_clas
         change = current[i] / np.linalg.norm(current[i]) - prior[i] / np.linalg.norm(prior[i])
         for j in range(4):
             expected[i, j] = change @ text[j] / (np.linalg.norm(change) * np.linalg.norm(text[j]))
-    assert np.allclose(zero_shot_progression(prior, current, text), expected)
+    assert np.allclose(zero_shot_scores(prior, current, one_prompt_each(text)), expected)
     # Not the cosine of the raw difference: the films' lengths differ, and they must not weigh on the change.
     raw = (current - prior) / np.linalg.norm(current - prior, axis=1, keepdims=True)
     assert not np.allclose(raw @ (text / np.linalg.norm(text, axis=1, keepdims=True)).T, expected, atol=1e-3)
@@ -105,12 +113,13 @@ def test_zero_shot_is_the_cosine_of_the_unit_embedding_difference_with_each_clas
 
 def test_an_unchanged_pair_scores_zero_for_every_class():
     emb = np.array([[1.0, 2.0, 3.0]])
-    assert np.array_equal(zero_shot_progression(emb, 2 * emb, np.eye(3)), np.zeros((1, 3)))
+    assert np.array_equal(pair_change(emb, 2 * emb), np.zeros((1, 3)))
+    assert np.array_equal(zero_shot_scores(emb, 2 * emb, one_prompt_each(np.eye(3))), np.zeros((1, 3)))
     with pytest.raises(ValueError, match="must both be"):
-        zero_shot_progression(emb, np.ones((2, 3)), np.eye(3))
+        pair_change(emb, np.ones((2, 3)))
 
 
-def test_a_class_text_is_the_renormalised_mean_of_its_normalised_prompts():
+def test_the_averaged_rule_uses_the_renormalised_mean_of_the_normalised_prompts():
     vectors = {"a": [3.0, 0.0], "b": [0.0, 1.0], "c": [0.0, -5.0]}
     calls = []
 
@@ -118,12 +127,13 @@ def test_a_class_text_is_the_renormalised_mean_of_its_normalised_prompts():
         calls.append(list(texts))
         return np.array([vectors[t] for t in texts])
 
-    out = class_text_embeddings({"x": ["a", "b"], "y": ["c"]}, embed)
+    per_class = prompt_embeddings({"x": ["a", "b"], "y": ["c"]}, embed)
     assert calls == [["a", "b", "c"]]  # one batched call
-    assert np.allclose(out, [[np.sqrt(0.5), np.sqrt(0.5)], [0.0, -1.0]])  # a plain mean would favour the long "a"
+    class_vectors = mean_prompt_scores(np.eye(2), per_class).T  # against e0 and e1: each class's own vector
+    assert np.allclose(class_vectors, [[np.sqrt(0.5), np.sqrt(0.5)], [0.0, -1.0]])  # a plain mean favours "a"
 
 
-def test_zero_shot_from_text_uses_the_bank_prompts_of_the_finding():
+def test_zero_shot_uses_the_bank_prompts_of_the_finding():
     bank = load_prompt_bank()
     classes, dim = PROGRESSION_CLASSES, 8
     owner = {text: k for k, c in enumerate(classes) for text in class_prompts(bank, "Edema", [c])[c]}
@@ -136,25 +146,21 @@ def test_zero_shot_from_text_uses_the_bank_prompts_of_the_finding():
 
     prior = np.tile(np.eye(dim)[0], (5, 1))
     current = np.eye(dim)[0] + 0.5 * np.eye(dim)[1:6]
-    scores = zero_shot_from_text(prior, current, "Edema", embed, classes, bank)
-    assert list(predict_classes(scores, classes)) == list(classes)
+    scores = zero_shot_scores(prior, current, prompt_embeddings(class_prompts(bank, "Edema", classes), embed))
+    assert list(winner(scores, classes)) == list(classes)
     assert sorted(seen) == sorted(owner) and "worsening edema" in seen
-    with pytest.raises(KeyError):
-        zero_shot_from_text(prior, current, "Edema", embed, ("new", "gone"), bank)
 
 
-def test_clip_text_tower_as_embedder(tmp_path):
-    from apps.benchmarks.chextemporal.progression import clip_text_embedder
+def test_clip_text_tower_scores_the_prompts(tmp_path):
     from apps.benchmarks.framework.clip_models import ClipEncoder
     from tests.benchmark_data import write_tiny_clip
 
     encoder = ClipEncoder(write_tiny_clip(tmp_path / "tiny"), (), seed=0)
-    embed = clip_text_embedder(encoder)
-    texts = ["new edema", "unchanged edema", "resolved edema"]
-    out = embed(texts)
+    out = encoder.embed_texts(["new edema", "unchanged edema", "resolved edema"])
     assert out.shape == (3, 16) and np.allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
     rng = np.random.default_rng(0)
-    scores = zero_shot_from_text(rng.normal(size=(4, 16)), rng.normal(size=(4, 16)), "Edema", embed)
+    per_class = prompt_embeddings(class_prompts(load_prompt_bank(), "Edema", PROGRESSION_CLASSES), encoder.embed_texts)
+    scores = zero_shot_scores(rng.normal(size=(4, 16)), rng.normal(size=(4, 16)), per_class)
     assert scores.shape == (4, 5) and np.isfinite(scores).all() and (np.abs(scores) <= 1 + 1e-9).all()
 
 
@@ -172,11 +178,8 @@ def test_the_best_prompt_and_the_averaged_prompts_pick_different_classes_where_t
     prior, current = np.array([[-1.0, 0.0]]), np.array([[1.0, 0.0]])
     best = zero_shot_scores(prior, current, per_class, "max")
     averaged = zero_shot_scores(prior, current, per_class, "mean")
-    assert np.allclose(best, [[1.0, np.cos(np.radians(40))]]) and predict_classes(best, ("A", "B"))[0] == "A"
-    assert np.allclose(averaged, [[0.5, 1.0]]) and predict_classes(averaged, ("A", "B"))[0] == "B"
-    # the averaged rule is the class-text path the bank always had
-    assert np.allclose(averaged, zero_shot_progression(prior, current, class_text_embeddings(
-        {"A": ["a1", "a2"], "B": ["b1", "b2"]}, lambda texts: np.array([vectors[t] for t in texts]))))  # fmt: skip
+    assert np.allclose(best, [[1.0, np.cos(np.radians(40))]]) and winner(best, ("A", "B"))[0] == "A"
+    assert np.allclose(averaged, [[0.5, 1.0]]) and winner(averaged, ("A", "B"))[0] == "B"
     with pytest.raises(ValueError, match="prompt_rule must be one of max, mean"):
         zero_shot_scores(prior, current, per_class, "median")
 
@@ -311,7 +314,7 @@ def test_head_fits_separable_pairs_and_returns_probabilities_in_the_given_class_
     probs = predict_head(head, prior, current)
     assert probs.shape == (len(labels), 4)
     assert np.allclose(probs.sum(axis=1), 1.0) and np.all(probs[:, 0] == 0)
-    assert np.array_equal(predict_classes(probs, classes), labels)  # training accuracy 1, columns in order
+    assert np.array_equal(winner(probs, classes), labels)  # training accuracy 1, columns in order
     # Another class order only permutes the columns.
     reordered = fit_progression_head(prior, current, labels, seed=0, classes=("worse", "stable", "improved"))
     again = predict_head(reordered, prior, current)

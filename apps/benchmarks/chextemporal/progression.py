@@ -26,7 +26,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -39,9 +38,6 @@ from sklearn.preprocessing import StandardScaler
 
 from apps.benchmarks.framework.probe import MAX_ITER, C
 from training.config_files import config_file, project_file
-
-if TYPE_CHECKING:
-    from apps.benchmarks.framework.clip_models import ClipEncoder
 
 DEFAULT_PROMPTS = config_file("text", "progression.yaml")
 PLACEHOLDER = "{finding}"
@@ -127,17 +123,6 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
 
 
-def class_text_embeddings(
-    prompts: Mapping[str, Sequence[str]], embed_texts: Callable[[list[str]], np.ndarray]
-) -> np.ndarray:
-    """``(C, D)`` one unit vector per class (in the mapping's order) from one batched ``embed_texts`` call.
-
-    Each prompt is normalised before averaging so that no phrasing outweighs the others by the length of its
-    vector, and the mean is re-normalised so that every class is compared by direction alone.
-    """
-    return np.stack([_unit(group.mean(axis=0)) for group in prompt_embeddings(prompts, embed_texts)])
-
-
 def pair_change(prior_emb: np.ndarray, current_emb: np.ndarray) -> np.ndarray:
     """``(N, D)`` unit direction of each pair's change ``unit(current) - unit(prior)`` (0 for identical films).
 
@@ -151,12 +136,6 @@ def pair_change(prior_emb: np.ndarray, current_emb: np.ndarray) -> np.ndarray:
     if prior.shape != current.shape or prior.ndim != 2:
         raise ValueError(f"prior {prior.shape} and current {current.shape} embeddings must both be (N, D)")
     return _unit(_unit(current) - _unit(prior))
-
-
-def zero_shot_progression(prior_emb: np.ndarray, current_emb: np.ndarray, class_text: np.ndarray) -> np.ndarray:
-    """``(N, C)`` cosine of each pair's change (:func:`pair_change`) with one text embedding per class. Two
-    identical embeddings have no direction and score 0 for every class."""
-    return pair_change(prior_emb, current_emb) @ _unit(class_text).T  # (N, C)
 
 
 def prompt_embeddings(
@@ -205,43 +184,6 @@ def zero_shot_scores(
     """``(N, C)`` zero-shot scores of each pair against each class's prompt embeddings
     (:func:`prompt_embeddings`), combined by the :data:`PROMPT_RULES` entry ``rule``."""
     return prompt_scorer(rule)(pair_change(prior_emb, current_emb), per_class)
-
-
-def zero_shot_from_text(
-    prior_emb: np.ndarray,
-    current_emb: np.ndarray,
-    finding: str,
-    embed_texts: Callable[[list[str]], np.ndarray],
-    classes: Sequence[str] = PROGRESSION_CLASSES,
-    bank: Mapping[str, Sequence[str]] | None = None,
-    rule: str = "max",
-) -> np.ndarray:
-    """``(N, C)`` zero-shot scores for ``finding`` with the model's own text tower (``embed_texts``: texts ->
-    ``(M, D)``, e.g. :func:`clip_text_embedder`), columns in ``classes`` order; argmax is the prediction."""
-    bank = load_prompt_bank() if bank is None else bank
-    per_class = prompt_embeddings(class_prompts(bank, finding, classes), embed_texts)
-    return zero_shot_scores(prior_emb, current_emb, per_class, rule)
-
-
-def clip_text_embedder(encoder: ClipEncoder) -> Callable[[list[str]], np.ndarray]:
-    """The text tower of a loaded :class:`~apps.benchmarks.framework.clip_models.ClipEncoder` as ``embed_texts``,
-    so the progression prompts meet the same model (and the same tokenizer) that embedded the images."""
-    import torch  # only image-text models need it, and they have it loaded already
-
-    def embed_texts(texts: list[str]) -> np.ndarray:
-        with torch.inference_mode():
-            return encoder.model.encode_text(encoder.tokenizer(list(texts)), normalize=True).float().numpy()
-
-    return embed_texts
-
-
-def predict_classes(scores: np.ndarray, classes: Sequence[str]) -> np.ndarray:
-    """``(N,)`` class names of the highest score in each row (``(N, C)`` columns in ``classes`` order); a tie goes
-    to the earlier class."""
-    scores = np.asarray(scores)
-    if scores.ndim != 2 or scores.shape[1] != len(classes):
-        raise ValueError(f"scores {scores.shape} do not have one column per class of {list(classes)}")
-    return np.asarray(classes)[scores.argmax(axis=1)]
 
 
 # ------------------------------------------------------------------------------------------------ rule
