@@ -21,7 +21,7 @@ from apps.benchmarks.framework.catalog import load_protocol
 from apps.benchmarks.framework.clip_models import ClipEncoder, parse_clip_spec
 from apps.benchmarks.framework.embeddings import cache_key, encode_subset
 from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
-from apps.benchmarks.framework.metrics import binary_metrics, bootstrap_table, stratified_resamples
+from apps.benchmarks.framework.metrics import binary_metrics, bootstrap_table
 from apps.benchmarks.framework.models import MODEL_KINDS, load_encoder, model_kind
 from apps.benchmarks.framework.platform_models import PlatformRunEncoder, combine, map_outputs, missing_outputs_note
 from apps.benchmarks.framework.probe import fit_probe, probe_probabilities
@@ -45,6 +45,7 @@ from apps.benchmarks.pneumonia import (
     overlap_notes,
     pools,
 )
+from evaluation.bootstrap import resample_generator, resample_indices
 from tests.benchmark_data import write_kermany, write_tiny_clip
 from training.data.adapters.kermany import parse_name
 from training.data.transforms import GRAY_MEAN, GRAY_STD
@@ -308,13 +309,19 @@ def test_always_pneumonia_predictor_on_the_official_test_mix():
 
 def test_stratified_resamples_keep_each_class_count():
     labels = np.array([0] * 23 + [1] * 41 + [0] * 11)
-    resamples = stratified_resamples(labels, 300, seed=5)
+    resamples = resample_indices(labels.size, 300, 5, strata=labels)
     assert resamples.shape == (300, labels.size)
     counts = np.stack([np.bincount(labels[row], minlength=2) for row in resamples])
     assert (counts == [34, 41]).all()
     assert len({row.tobytes() for row in resamples}) == 300  # real resamples, not copies
-    assert np.array_equal(stratified_resamples(labels, 300, seed=5), resamples)
-    assert not np.array_equal(stratified_resamples(labels, 300, seed=6), resamples)
+    assert np.array_equal(resample_indices(labels.size, 300, 5, strata=labels), resamples)
+    assert not np.array_equal(resample_indices(labels.size, 300, 6, strata=labels), resamples)
+    # The benchmark's own draw: resample b redraws each label's images (labels in order) from generator b.
+    groups = [np.flatnonzero(labels == value) for value in (0, 1)]
+    for b in (0, 7, 299):
+        rng = resample_generator(5, b)
+        expected = np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in groups])
+        assert np.array_equal(resamples[b], expected)
 
 
 def test_bootstrap_table_intervals_bracket_the_point_and_missing_protocols_stay_nan():

@@ -6,9 +6,9 @@ threshold tuned on the test images. The metrics are ``evaluation.metric_registry
 
 The bootstrap resamples test images with replacement *within each label*, so every resample keeps the test set's
 class counts: a ratio such as specificity then always has the same denominator, and no resample lacks a class
-(which would leave ROC-AUC undefined). Resample ``b`` draws from its own generator,
-``evaluation.bootstrap.resample_generator(seed, b)``, the convention of the rest of the platform, so any resample
-can be regenerated on its own. All protocols of one benchmark run are scored on the same resamples (paired).
+(which would leave ROC-AUC undefined). The draws are ``evaluation.bootstrap.resample_indices`` with the labels as
+strata, the convention of the rest of the platform, so any resample can be regenerated on its own. All protocols
+of one benchmark run are scored on the same resamples (paired).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from evaluation.bootstrap import percentile_ci, resample_generator
+from evaluation.bootstrap import percentile_ci, resample_indices
 from evaluation.metric_registry import BINARY, average_precision, roc_auc
 
-__all__ = ["METRICS", "average_precision", "binary_metrics", "bootstrap_table", "roc_auc", "stratified_resamples"]
+__all__ = ["METRICS", "average_precision", "binary_metrics", "bootstrap_table", "roc_auc"]
 
 METRICS: dict[str, str] = BINARY.titles()
 """Metric key -> display name, in table order (``evaluation.metric_registry.BINARY`` as registered at import)."""
@@ -38,21 +38,6 @@ def binary_metrics(labels: np.ndarray, scores: np.ndarray, decisions: np.ndarray
     labels = np.asarray(labels).astype(bool)
     decisions = np.asarray(decisions).astype(bool)
     return {metric.name: metric.compute(labels, scores, decisions) for metric in BINARY}
-
-
-def stratified_resamples(labels: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """``(n_boot, N)`` image indices; each row redraws every label's images with replacement, as many as it has.
-
-    Row ``b`` lists the resampled images of each label in turn (labels in sorted order), so its class counts
-    equal those of ``labels`` exactly.
-    """
-    labels = np.asarray(labels)
-    groups = [np.flatnonzero(labels == value) for value in np.unique(labels)]
-    out = np.empty((int(n_boot), labels.size), dtype=np.int64)
-    for b in range(int(n_boot)):
-        rng = resample_generator(seed, b)
-        out[b] = np.concatenate([group[rng.integers(0, group.size, size=group.size)] for group in groups])
-    return out
 
 
 def bootstrap_table(
@@ -76,7 +61,9 @@ def bootstrap_table(
         One row per (protocol, metric): ``protocol``, ``metric``, ``value``, ``ci_low``, ``ci_high``.
     """
     labels = np.asarray(labels).astype(int)
-    resamples = stratified_resamples(labels, n_boot, seed) if n_boot > 0 else np.empty((0, labels.size), int)
+    resamples = (
+        resample_indices(labels.size, n_boot, seed, strata=labels) if n_boot > 0 else np.empty((0, labels.size), int)
+    )
     rows = []
     names = [metric.name for metric in BINARY]
     for protocol, outputs in protocols.items():

@@ -23,7 +23,6 @@ import pandas as pd
 
 from apps.benchmarks.framework.bad_input import BadInput  # noqa: F401  (the plug-ins import it from here)
 from apps.benchmarks.framework.encoders import Encoded, Encoder, Target
-from apps.benchmarks.framework.metrics import stratified_resamples
 from apps.benchmarks.framework.sampling import fingerprint
 from evaluation.bootstrap import resample_indices
 
@@ -319,7 +318,7 @@ class Extras:
 
 
 def _stratified(truth: Targets, n_boot: int, seed: int) -> np.ndarray:
-    return stratified_resamples(truth.strata(), n_boot, seed)
+    return resample_indices(len(truth), n_boot, seed, strata=truth.strata())
 
 
 def _plain(truth: Targets, n_boot: int, seed: int) -> np.ndarray:
