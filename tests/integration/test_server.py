@@ -39,7 +39,6 @@ from training.tracking.server import (
     max_connections,
     pg_bin_dir,
     pool_env,
-    wait_until_up,
 )
 from training.tuning.heartbeat import CLOCK_STEP_S
 
@@ -50,6 +49,21 @@ ADMIN_PASSWORD = "Adm1n-test-pw-7c1f"  # a throwaway server's; the point is that
 ALICE_PASSWORD = "Al1ce-test-pw-93ab"
 TINY = ("debug=smoke", "data.subset={train:64,val:48,test:32}", "trainer.max_epochs=1", "evaluation.n_boot=0",
         "evaluation.per_source=false", "pruner=none", "trainer.enable_progress_bar=false")  # fmt: skip
+
+
+def wait_until_up(url: str, process: subprocess.Popen, timeout: float) -> None:
+    """Poll ``<url>/health`` until the server answers; raise with the exit status if it dies first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2)
+            return
+        except OSError as error:
+            if process.poll() is not None:
+                raise ServerSetupError(f"mlflow server exited with status {process.returncode}") from error
+            if time.monotonic() > deadline:
+                raise ServerSetupError(f"mlflow server did not answer on {url} within {timeout:.0f}s") from error
+            time.sleep(0.5)
 
 
 class TeamServer:

@@ -38,7 +38,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -58,9 +57,9 @@ AUTH_DB = "mlflow_auth"
 #: Requests one ``mlflow server`` worker runs at once. uvicorn hands every request to MLflow's Flask app on a thread
 #: of anyio's default limiter (``anyio.to_thread.run_sync``: 40 threads), and the auth middleware of the FastAPI
 #: routes checks passwords on the event loop's own thread (one more). Each holds at most one connection of a store
-#: at a time, so a pool this large never makes a request wait. MLflow's default (SQLAlchemy's 5 + 10 overflow) made
+#: at a time, so a pool this large never makes a request wait. MLflow's default (SQLAlchemy's 5 + 10 overflow) makes
 #: the 16th concurrent request wait, 30 s at most, then fail with HTTP 400 "QueuePool limit of size 5 overflow 10
-#: reached", which MLflow's client does not retry: a burst of 600 metric writes lost one (issue 33).
+#: reached", which MLflow's client does not retry: a burst of metric writes would lose some.
 WORKER_THREADS = 40 + 1
 #: Connections a pool keeps open while idle; the rest, up to :data:`WORKER_THREADS`, are opened for a burst only.
 POOL_SIZE = 5
@@ -338,23 +337,6 @@ def server_env(files: ServerFiles, pool: dict[str, str] | None = None) -> dict[s
     """
     env = {k: v for k, v in os.environ.items() if k not in (ADMIN_PASSWORD_ENV, DB_PASSWORD_ENV)}
     return {**env, **(pool_env() if pool is None else pool), **files.env}
-
-
-def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Poll ``<url>/health`` until the server answers; raise with the exit status if it dies first."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2)
-            return
-        except OSError as error:
-            if process.poll() is not None:
-                raise ServerSetupError(f"mlflow server exited with status {process.returncode}") from error
-            if time.monotonic() > deadline:
-                raise ServerSetupError(f"mlflow server did not answer on {url} within {timeout:.0f}s") from error
-            time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> None:
