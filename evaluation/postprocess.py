@@ -1,6 +1,6 @@
 """Evaluation-time logit post-processing, each reported as its own metric set (``test_<name>/...``).
 
-Both are cheap, training-free corrections that 2026 entries used to squeeze the ranking metric; keeping them
+Both are cheap, training-free corrections that 2026 challenge entries apply to squeeze the ranking metric; keeping them
 separate from the plain ``test/`` numbers shows what each one buys.
 """
 

@@ -1,7 +1,7 @@
 """A stopped command says so: SIGTERM or SIGINT ends it with status 128 + signal, its run KILLED and resumable.
 
 Lightning turns SIGTERM (what a scheduler, ``timeout`` or CI sends) into a ``SystemExit`` without a code, so a
-training stopped mid-epoch used to exit 0, and a signal outside ``fit`` (the test phase) killed the process with
+training stopped mid-epoch would exit 0, and a signal outside ``fit`` (the test phase) would kill the process with
 its run left RUNNING. Here both signals raise :class:`Interrupted` in the main thread wherever it is; it is not an
 ``Exception`` (no ``except Exception`` swallows it) nor a ``KeyboardInterrupt`` (which Lightning turns into
 ``sys.exit(1)``), so it reaches the run's owner, which marks the run KILLED, and then the entry point, which prints

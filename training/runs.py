@@ -3,8 +3,8 @@
 ``make evaluate``, ``make register`` and the pyfunc behind ``make serve``, ``make submit``, cRT
 (``stage=crt``) and the benchmarks all need the same things from a finished training: the network with its best
 weights in eval mode, its label names and unseen classes, the image size and resize mode it was trained with,
-the per-class thresholds chosen on its validation predictions, and its resolved config. Before this module each
-of them rebuilt that on its own, and they drifted. A model is named as
+the per-class thresholds chosen on its validation predictions, and its resolved config. Rebuilt by each on its
+own, those would drift apart, so this module is the one place that does it. A model is named as
 
 - ``<run id>`` (also ``run:<id>`` or ``runs:/<id>[/...]``): a finished run of this platform;
 - ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a registered version, resolved to its source run;

@@ -73,10 +73,9 @@ class TrainLoader(ForkSharingLoader):
 
 IN_PROCESS_PIXELS = 2**20
 """Largest batch (images x pixels) a loader reads in the training process instead of in its workers, when the batch
-is one table lookup (:attr:`ManifestDataset.batch_pixels_in_memory`). Measured on 2 cores, batches of 64, ms per
-batch as the training process sees it, in process / 1 worker / 2 workers: 16 px 0.33 / 2.10 / 2.45, 64 px
-1.44 / 3.97 / 4.17, 128 px 3.82 / 9.18 / 12.55, 256 px 17.7 / 24.3 / 15.5. Up to 64 x 128 x 128 handing a batch
-over from a worker (shared memory, a file descriptor per tensor, a queue) costs more than computing it here."""
+is one table lookup (:attr:`ManifestDataset.batch_pixels_in_memory`): up to this size, handing a batch over from a
+worker (shared memory, a file descriptor per tensor, a queue) costs more than computing it here (docs/measurements.md,
+``make bench-scale``)."""
 
 
 def loader_workers(dataset, batch_size: int, requested: int, in_process_pixels: int = IN_PROCESS_PIXELS) -> int:

@@ -357,9 +357,9 @@ def outside_roots(paths: pd.Series, roots: Sequence[str | Path]) -> pd.Index:
 
 
 #: A folder is listed once when it holds at most this many entries per manifest row naming it; a larger folder
-#: (a 10k-row manifest drawn from a folder of a million images) is cheaper asked file by file. Measured on the
-#: rehearsal release (tests/bench/bench_scale.py, folders of 112k and 158k files, its 40k-row subset): listing
-#: costs ~1-1.5 us an entry, a stat 5-25 us (warm / busy machine); 16 checked the subset in 0.67 s, 4 in 1.0 s.
+#: (a 10k-row manifest drawn from a folder of a million images) is cheaper asked file by file: an entry listed costs
+#: a fraction of a ``stat``, but a huge folder's listing is mostly names no row asks for (docs/measurements.md,
+#: ``make bench-scale``).
 LISTING_RATIO = 16
 
 

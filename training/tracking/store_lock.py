@@ -2,7 +2,7 @@
 
 MLflow's ``SqlAlchemyStore`` creates and migrates the schema the first time a process opens a database without its
 tables, and nothing stops two processes doing it at once: two trainings started together on a fresh
-``mlruns/mlflow.db`` both ran the migration and one crashed in alembic ("expected to match one row", issue 33).
+``mlruns/mlflow.db`` would both run the migration, and one would crash in alembic ("expected to match one row").
 :func:`ensure_store` opens the store under an exclusive ``flock`` on ``<db>.lock`` beside the database, so the
 second process waits for the first to finish and then finds the schema complete. ``flock`` is released by the
 kernel when its holder exits, so a killed process never leaves the store locked.

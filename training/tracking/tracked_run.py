@@ -1,9 +1,9 @@
 """A run that is not a training: created, logged in batches and marked finished or failed by one owner.
 
 Tuning's parent run, ensembles, benchmark results and the model registry all write runs of their own next to the
-training runs. Each used to create the experiment, the run and the terminal status by hand, and each forgot a
-different part (an experiment created twice by two workers, a run left RUNNING after an upload error, a secret in
-a tag). Here every param and tag goes through the same redaction as a training run's
+training runs. Creating the experiment, the run and the terminal status by hand in each leaves a different part to
+forget (an experiment created twice by two workers, a run left RUNNING after an upload error, a secret in a tag).
+Here every param and tag goes through the same redaction as a training run's
 (:mod:`training.tracking.redaction`), and :class:`TrackedRun` used as a context ends the run FAILED when its
 block raises, so no half-filled run is ever shown as FINISHED. A training run keeps its own owner
 (:mod:`training.tracking.session`): Lightning logs its epochs and it survives server outages.
