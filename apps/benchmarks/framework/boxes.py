@@ -110,7 +110,7 @@ def read_nih_boxes(root: Path) -> pd.DataFrame:
     the box into four columns and adds three empty ones), spells ``Infiltrate`` as the label table does
     (``Infiltration``), and joins ``Data_Entry_2017_v2020.csv`` for the patient and the original film size (kept as
     ``original_width``/``original_height``, for information only: see :data:`NIH_BOX_FRAME`). Paths are
-    ``images/<Image Index>``; the images are not opened (a label-only folder reads too): :func:`image_frames` does.
+    ``images/<Image Index>``; the images are not opened (a label-only folder reads too).
 
     Returns:
         A validated box table, plus ``patient_id``, ``original_width``, ``original_height``.
