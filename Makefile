@@ -104,10 +104,10 @@ ensemble: setup ## Weights fitted on validation for several finished runs, logge
 	@test -n "$(strip $(MODELS))" || { echo 'usage: make ensemble TASK=task1 MODELS="<run id|models:/...> <...>" [WEIGHTS=per_model|per_class|mean]'; exit 2; }
 	$(PY) -m apps.ensemble_cli --task $(TASK) $(foreach m,$(MODELS),--model '$(m)') $(if $(WEIGHTS),--weighting '$(WEIGHTS)') $(ARGS)
 
-pseudo-label: setup ## A finished run fills another manifest's empty cells: make pseudo-label MODEL=<run id|models:/...> MANIFEST=m.csv ROOT=<image dir> OUT=new.csv [THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train val"]; then make train ARGS="data=pseudo_labelled data.source.manifest=new.csv"
-	@test -n "$(MODEL)" -a -n "$(MANIFEST)" -a -n "$(OUT)" || { echo 'usage: make pseudo-label MODEL=<run id|models:/...> MANIFEST=<manifest> ROOT=<image dir> OUT=<new manifest> [THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train"]'; exit 2; }
+pseudo-label: setup ## A finished run fills another manifest's empty cells: make pseudo-label MODEL=<run id|models:/...> MANIFEST=m.csv ROOT=<image dir> OUT=new.csv [THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train val"] [EXTRA_COLUMNS="age sex"]; then make train ARGS="data=pseudo_labelled data.source.manifest=new.csv"
+	@test -n "$(MODEL)" -a -n "$(MANIFEST)" -a -n "$(OUT)" || { echo 'usage: make pseudo-label MODEL=<run id|models:/...> MANIFEST=<manifest> ROOT=<image dir> OUT=<new manifest> [THRESHOLDS=per_class|global] [MARGIN=0.1] [SPLITS="train"] [EXTRA_COLUMNS="age sex"]'; exit 2; }
 	$(PY) -m apps.pseudo_label --model '$(MODEL)' --manifest '$(MANIFEST)' --out '$(OUT)' $(if $(ROOT),--root '$(ROOT)') \
-		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS)) $(if $(MARGIN),--margin $(MARGIN)) $(if $(strip $(SPLITS)),--splits $(SPLITS)) $(ARGS)
+		$(if $(THRESHOLDS),--thresholds $(THRESHOLDS)) $(if $(MARGIN),--margin $(MARGIN)) $(if $(strip $(SPLITS)),--splits $(SPLITS)) $(if $(strip $(EXTRA_COLUMNS)),--extra-columns $(EXTRA_COLUMNS)) $(ARGS)
 
 NAME ?=
 VERSION ?=

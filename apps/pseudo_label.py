@@ -81,10 +81,12 @@ def validation_thresholds(frame: pd.DataFrame, labels: Sequence[str], mode: str,
     return thresholds_from_mapping(chosen, labels)
 
 
-def read_input(manifest: Path, root: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The manifest as written (text) and its label columns parsed (1, 0, NaN), after the platform's checks."""
-    checked = load_manifest(manifest, (), KNOWN_FINDINGS, root, splits=(), refused="nothing was pseudo-labelled",
-                            image_roots=(root,))  # fmt: skip
+def read_input(manifest: Path, root: Path, extra_columns: Sequence[str] = ()
+               ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:  # fmt: skip
+    """The manifest as written (text) and its label columns parsed (1, 0, NaN), after the platform's checks.
+    ``extra_columns`` are its metadata columns, declared as training declares them (``data.extra_columns``)."""
+    checked = load_manifest(manifest, (), KNOWN_FINDINGS, root, extra_columns=extra_columns, splits=(),
+                            refused="nothing was pseudo-labelled", image_roots=(root,))  # fmt: skip
     labels = [c for c in checked.table.columns if c in KNOWN_FINDINGS]
     return read_manifest_table(manifest), checked.table, labels
 
@@ -125,10 +127,11 @@ def cell_lists(ids: np.ndarray, known: Sequence[str], filled: np.ndarray, pseudo
 
 
 def pseudo_label(reference: str, manifest: Path, root: Path, out: Path, mode: str = "per_class",
-                 margin: float = 0.0, splits: Sequence[str] = ("train",), client=None) -> dict:  # fmt: skip
+                 margin: float = 0.0, splits: Sequence[str] = ("train",), client=None,
+                 extra_columns: Sequence[str] = ()) -> dict:  # fmt: skip
     """Write ``out`` and its record (:func:`training.data.pseudo_labels.record_path`); returns the record. The
     manifest is checked before the store is opened or the model loaded: a bad row is refused in seconds."""
-    text, parsed, present = read_input(manifest, root)
+    text, parsed, present = read_input(manifest, root, extra_columns)
     from apps.serving import Scorer  # torch, MLflow and the model stack: only for a manifest that passed
     from training.tracking.uri import tracking_client
 
@@ -150,7 +153,7 @@ def pseudo_label(reference: str, manifest: Path, root: Path, out: Path, mode: st
         "input_manifest": str(manifest.resolve()), "input_fingerprint": file_fingerprint(manifest),
         "root": str(root.resolve()), "source_run": scorer.run_id, "model": reference, "thresholds_mode": mode,
         "thresholds": dict(zip(known, map(float, thresholds), strict=True)), "margin": margin,
-        "splits": list(splits), "cells": cell_lists(text["image_id"].to_numpy(), known, filled, pseudo),
+        "splits": list(splits), "extra_columns": list(extra_columns), "cells": cell_lists(text["image_id"].to_numpy(), known, filled, pseudo),
     }  # fmt: skip
     record_path(out).write_text(json.dumps(record, indent=1) + "\n")
     return record
@@ -165,6 +168,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--thresholds", default="per_class", choices=MODES)
     parser.add_argument("--margin", type=float, default=0.0, help="keep cells within this of the threshold empty")
     parser.add_argument("--splits", nargs="+", default=["train"], choices=SPLITS, help="the splits filled")
+    parser.add_argument("--extra-columns", nargs="*", default=[], help="the manifest's non-label columns (age, sex, "
+                        "...), as data.extra_columns declares them to training")  # fmt: skip
     parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     return parser.parse_args(argv)
 
@@ -188,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with user_errors(debug=args.debug):  # every refusal here is a UserError: bad files, run, config
         check_args(args)
         record = pseudo_label(args.model, args.manifest, args.root, args.out, args.thresholds, args.margin,
-                              args.splits)  # fmt: skip
+                              args.splits, extra_columns=args.extra_columns)  # fmt: skip
     counts = {name: len(cells["1"]) + len(cells["0"]) for name, cells in record["cells"].items()}
     print(f"wrote {args.out}: {sum(counts.values())} pseudo-label cells in {len(counts)} classes from run "
           f"{record['source_run']} ({args.thresholds} thresholds, margin {args.margin}, splits {args.splits}); "

@@ -139,3 +139,28 @@ def test_cells_are_written_as_text_and_listed_in_the_record():
                                     "Nodule": ["0", ""]}  # fmt: skip
     cells = pseudo_label.cell_lists(text["image_id"].to_numpy(), ["Mass", "Nodule"], filled, pseudo)
     assert cells == {"Mass": {"1": ["b"], "0": []}, "Nodule": {"1": [], "0": ["a"]}}
+
+
+def test_metadata_columns_are_declared_once_and_carried_to_training(tmp_path, capsys, monkeypatch):
+    """An adapter's manifest (NIH's age, sex, ...) is refused until its metadata columns are declared; declared,
+    they stay metadata (not classes to fill), and the record hands them to the training run."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/never.db")
+    (tmp_path / "a.png").write_bytes(b"")
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("image_id,path,split,patient_id,age,Mass\na,a.png,train,p,57,\n")
+    err = run_main(capsys, "--model", "r", "--manifest", str(manifest), "--out", str(tmp_path / "o.csv"))
+    assert "column 'age': unknown label column" in err and "EXTRA_COLUMNS=" in err
+    text, parsed, labels = pseudo_label.read_input(manifest, tmp_path, extra_columns=("age",))
+    assert labels == ["Mass"] and text.loc[0, "age"] == "57" and np.isnan(parsed.loc[0, "Mass"])
+    declared, _ = write_record(tmp_path, extra_columns=["age", "sex"])
+    source = PseudoLabelledSource(str(declared))
+    assert source.extra_columns == ()  # nothing is known before the record is read
+    source.prepare()
+    assert source.extra_columns == ("age", "sex")
+    record_path(declared).write_text(
+        json.dumps({**json.loads(record_path(declared).read_text()), "extra_columns": "age"})
+    )
+    tampered = PseudoLabelledSource(str(declared))
+    tampered.prepare()
+    with pytest.raises(PseudoLabelError, match="'extra_columns' must be a list of column names"):
+        _ = tampered.extra_columns

@@ -413,7 +413,8 @@ def _column_problems(table, labels, known_findings, extra_columns) -> list[str]:
         close = difflib.get_close_matches(column, sorted(known), n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         problems.append(
-            f"line 1, column {column!r}: unknown label column{hint}; declare non-label columns in data.extra_columns"
+            f"line 1, column {column!r}: unknown label column{hint}; declare non-label columns in data.extra_columns "
+            "(make pseudo-label: EXTRA_COLUMNS=)"
         )
     for label in labels:
         if label not in table.columns:

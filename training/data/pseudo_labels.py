@@ -81,6 +81,15 @@ class PseudoLabelledSource(ManifestSource):
         return self.manifest
 
     @property
+    def extra_columns(self) -> tuple[str, ...]:
+        """The metadata columns ``make pseudo-label`` was told of, so the new manifest trains without declaring
+        them again; a record's value that is not a list of names is refused (the record is read back, untrusted)."""
+        declared = (self.record or {}).get("extra_columns", [])
+        if not isinstance(declared, list) or not all(isinstance(name, str) for name in declared):
+            raise PseudoLabelError(f"{record_path(self.manifest)}: 'extra_columns' must be a list of column names")
+        return tuple(declared)
+
+    @property
     def run_tags(self) -> dict[str, str]:
         """What the run records of its pseudo-labels: their counts, the run that made them and its thresholds."""
         if self.record is None:
