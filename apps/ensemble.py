@@ -209,12 +209,14 @@ class PerClassWeights:
 
 @dataclass(frozen=True)
 class SplitPredictions:
-    """One member's stored predictions on one split: ids, ``(N, C)`` probabilities and ``(N, C)`` targets."""
+    """One member's stored predictions on one split: ids, ``(N, C)`` probabilities and ``(N, C)`` targets, and the
+    file as read (its other columns, such as each image's source, carry over to the ensemble's own predictions)."""
 
     run_id: str
     ids: list[str]
     probs: np.ndarray
     targets: np.ndarray
+    frame: pd.DataFrame | None = None
 
 
 def read_split(path: str | Path, run_id: str, labels: Sequence[str], split: str) -> SplitPredictions:
@@ -238,7 +240,7 @@ def read_split(path: str | Path, run_id: str, labels: Sequence[str], split: str)
     targets = frame[[f"true/{name}" for name in labels]].apply(pd.to_numeric, errors="coerce").to_numpy(float)
     if not np.isin(targets, (-1.0, 0.0, 1.0)).all():
         raise EnsembleError(f"{where}: a true/ cell is not -1, 0 or 1")
-    return SplitPredictions(run_id, ids.tolist(), probs, targets)
+    return SplitPredictions(run_id, ids.tolist(), probs, targets, frame)
 
 
 def align(members: Sequence[SplitPredictions], split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -409,8 +411,9 @@ def expand_members(client: MlflowClient, references: Sequence[str]) -> list[str]
 
 
 def read_members(client: MlflowClient, members: Sequence[str], task: str
-                 ) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]]]:  # fmt: skip
-    """The shared labels and, per split, the aligned ``(K, N, C)`` probabilities and ``(N, C)`` targets."""
+                 ) -> tuple[list[str], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, pd.DataFrame]]:  # fmt: skip
+    """The shared labels; per split, the aligned ``(K, N, C)`` probabilities and ``(N, C)`` targets; per split, the
+    first member's file (the row order of the aligned arrays)."""
     per_split: dict[str, list[SplitPredictions]] = {split: [] for split in SPLITS}
     labels: list[str] | None = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -436,7 +439,8 @@ def read_members(client: MlflowClient, members: Sequence[str], task: str
                     raise EnsembleError(f"run {run_id} has no {artifact} to fit or check weights on; "
                                         f"{remedy}") from None  # fmt: skip
                 per_split[split].append(read_split(path, member, labels, split))
-    return labels, {split: align(members, split) for split, members in per_split.items()}
+    firsts = {split: members[0].frame for split, members in per_split.items()}
+    return labels, {split: align(members, split) for split, members in per_split.items()}, firsts
 
 
 def suite_map(targets: np.ndarray, probs: np.ndarray, labels: Sequence[str]) -> float:
@@ -453,7 +457,7 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
         raise EnsembleError(f"a member is named twice (members {run_ids}); each checkpoint can weigh only once")
     if len(run_ids) < 2:
         raise EnsembleError(f"an ensemble needs at least two members, {references} name {len(run_ids)}")
-    labels, splits = read_members(client, run_ids, task)
+    labels, splits, frames = read_members(client, run_ids, task)
     val_probs, val_targets = splits["val"]
     weights = build_weighting(weighting).fit(val_probs, val_targets)
     mean = MeanWeights().fit(val_probs, val_targets)
@@ -476,6 +480,11 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
             path = Path(tmp) / Path(WEIGHTS_ARTIFACT).name
             path.write_text(json.dumps(stored.to_json(), indent=1) + "\n")
             run.log_artifact(path, str(Path(WEIGHTS_ARTIFACT).parent))
+            for split, (probs, _) in splits.items():  # what make compare and make evaluate's readers judge a run by
+                frame = frames[split].copy()
+                frame[labels] = np.clip(combine(probs, weights), 0.0, 1.0)
+                frame.to_csv(Path(tmp) / f"{split}.csv", index=False)
+                run.log_artifact(Path(tmp) / f"{split}.csv", "predictions")
     return run_id, metrics, stored
 
 

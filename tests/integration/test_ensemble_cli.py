@@ -89,6 +89,33 @@ def test_per_model_weights_are_logged_with_mean_and_tuned_map_on_both_splits(mem
     assert "val/mAP" not in metrics  # `make register` ranks by val/mAP: an ensemble run must never be a candidate
 
 
+def test_the_ensemble_run_holds_its_combined_predictions_and_make_compare_judges_it(members):
+    tmp, env, client, run_ids = members
+    run, weights, _ = _fit(members, "per_class")
+    ensemble_id, labels, matrix = run.info.run_id, weights["labels"], np.array(weights["weights"])
+    for split in ("val", "test"):
+
+        def read(run_id: str, split: str = split) -> pd.DataFrame:
+            folder = tmp / "read" / run_id[:8] / split
+            folder.mkdir(parents=True, exist_ok=True)
+            path = client.download_artifacts(run_id, f"predictions/{split}.csv", str(folder))
+            return pd.read_csv(path, dtype={"image_id": str})
+
+        own, first = read(ensemble_id), read(run_ids[0])
+        others = [read(run_id).set_index("image_id").loc[first["image_id"]] for run_id in run_ids[1:]]
+        stacked = [first[labels].to_numpy(float)] + [frame[labels].to_numpy(float) for frame in others]
+        expected = sum(matrix[k] * stacked[k] for k in range(3))  # the stored weights, class by class
+        assert own["image_id"].tolist() == first["image_id"].tolist()
+        assert np.allclose(own[labels].to_numpy(float), expected, atol=1e-9)
+        truth = [column for column in first if column.startswith("true/")]
+        assert truth and own[truth].equals(first[truth])
+    done = make(env, "compare", f"RUNS={ensemble_id} {run_ids[0]}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "verdict:" in done.stdout and client.get_run(run_ids[0]).data.tags["cxrlt.compared_in"]
+    compared = client.get_run(client.get_run(run_ids[0]).data.tags["cxrlt.compared_in"]).data.tags
+    assert set(compared["cxrlt.compared_runs"].split()) == {ensemble_id, run_ids[0]}
+
+
 def test_submit_with_stored_per_class_weights_is_the_hand_weighted_sum_of_the_members(members):
     tmp, env, client, run_ids = members
     run, weights, _ = _fit(members, "per_class")
