@@ -462,9 +462,11 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
     weights = build_weighting(weighting).fit(val_probs, val_targets)
     mean = MeanWeights().fit(val_probs, val_targets)
     metrics: dict[str, float] = {}
+    tuned: dict[str, np.ndarray] = {}
     for split, (probs, targets) in splits.items():
         metrics[f"ensemble/{split}/mAP_mean"] = suite_map(targets, combine(probs, mean), labels)
-        metrics[f"ensemble/{split}/mAP_tuned"] = suite_map(targets, combine(probs, weights), labels)
+        tuned[split] = np.clip(combine(probs, weights), 0.0, 1.0)
+        metrics[f"ensemble/{split}/mAP_tuned"] = suite_map(targets, tuned[split], labels)
         for k in range(len(run_ids)):
             metrics[f"ensemble/{split}/mAP_member{k}"] = suite_map(targets, probs[k], labels)
     experiment_ref = ensure_experiment(client, experiment or task, uri, ARTIFACT_ROOT)
@@ -480,9 +482,9 @@ def fit_ensemble(client: MlflowClient, uri: str, task: str, references: Sequence
             path = Path(tmp) / Path(WEIGHTS_ARTIFACT).name
             path.write_text(json.dumps(stored.to_json(), indent=1) + "\n")
             run.log_artifact(path, str(Path(WEIGHTS_ARTIFACT).parent))
-            for split, (probs, _) in splits.items():  # what make compare and make evaluate's readers judge a run by
+            for split, probs in tuned.items():  # what make compare and make evaluate's readers judge a run by
                 frame = frames[split].copy()
-                frame[labels] = np.clip(combine(probs, weights), 0.0, 1.0)
+                frame[labels] = probs
                 frame.to_csv(Path(tmp) / f"{split}.csv", index=False)
                 run.log_artifact(Path(tmp) / f"{split}.csv", "predictions")
     return run_id, metrics, stored

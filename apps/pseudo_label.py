@@ -153,7 +153,8 @@ def pseudo_label(reference: str, manifest: Path, root: Path, out: Path, mode: st
         "input_manifest": str(manifest.resolve()), "input_fingerprint": file_fingerprint(manifest),
         "root": str(root.resolve()), "source_run": scorer.run_id, "model": reference, "thresholds_mode": mode,
         "thresholds": dict(zip(known, map(float, thresholds), strict=True)), "margin": margin,
-        "splits": list(splits), "extra_columns": list(extra_columns), "cells": cell_lists(text["image_id"].to_numpy(), known, filled, pseudo),
+        "splits": list(splits), "extra_columns": list(extra_columns),
+        "cells": cell_lists(text["image_id"].to_numpy(), known, filled, pseudo),
     }  # fmt: skip
     record_path(out).write_text(json.dumps(record, indent=1) + "\n")
     return record
