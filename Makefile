@@ -139,17 +139,23 @@ server: setup ## Team tracking server: PostgreSQL + basic auth + served artifact
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m training.tracking.server --host $(HOST) --port $(PORT) --pg-port $(PG_PORT) \
 		--dir $(SERVER_DIR) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)') $(if $(ARTIFACTS),--artifacts '$(ARTIFACTS)')
 
+# pytest workers (pytest-xdist) for the suites: their tests spend much of their time in one-threaded imports,
+# subprocess start-up and file I/O, so two workers on two cores finish before one; each worker's torch uses one
+# thread (tests/conftest.py). A test file stays on one worker, so its module fixtures (a trained run, a study) are
+# built once. TEST_WORKERS=0 runs a suite in one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 test: setup ## Fast default test suite (no slow, real-data or GPU tests)
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 test-e2e: setup ## The real commands end to end on CPU (trainings, tuning, make on trained runs); CI runs them after make test
-	$(PY) -m pytest -m 'e2e and not slow and not realdata and not gpu and not server and not browser and not presets'
+	$(PY) -m pytest $(XDIST) -m 'e2e and not slow and not realdata and not gpu and not server and not browser and not presets'
 
 test-realdata: setup ## Tests on the real radiographs in ../shared/data
-	$(PY) -m pytest -m realdata
+	$(PY) -m pytest $(XDIST) -m realdata
 
 test-presets: setup ## Every configs/experiment preset trained at smoke size on CPU (experiment=<name> debug=smoke)
-	$(PY) -m pytest -m presets tests/presets
+	$(PY) -m pytest $(XDIST) -m presets tests/presets
 
 test-slow: setup ## Slow tests (full-size training runs)
 	$(PY) -m pytest -m slow

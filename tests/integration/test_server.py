@@ -45,6 +45,12 @@ from training.tuning.heartbeat import CLOCK_STEP_S
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 #: CPU seconds the outage test's 4-epoch smoke training may use: many times what it takes (tests/process_budget.py).
 OUTAGE_CPU_SECONDS = 600
+#: What a test of the run's tracking does not read: the test-time-augmented, perturbed and held-out passes.
+NO_EXTRA_TEST_PASSES = (
+    "tta.enabled=false",
+    "evaluation.perturbation.enabled=false",
+    "evaluation.heldout.enabled=false",
+)
 ADMIN_PASSWORD = "Adm1n-test-pw-7c1f"  # a throwaway server's; the point is that it never shows up in a run
 ALICE_PASSWORD = "Al1ce-test-pw-93ab"
 TINY = ("debug=smoke", "data.subset={train:64,val:48,test:32}", "trainer.max_epochs=1", "evaluation.n_boot=0",
@@ -297,7 +303,7 @@ def test_server_stopped_mid_run_buffers_metrics_then_fails_naming_the_run_and_re
     epochs = 4
     overrides = ("debug=smoke", f"data.source.root={synthetic}", f"trainer.max_epochs={epochs}",
                  "tracking.experiment=outage", "tracking.reconnect_timeout=10", "trainer.enable_progress_bar=false",
-                 "evaluation.n_boot=0", "evaluation.plots=false")  # fmt: skip
+                 "evaluation.n_boot=0", "evaluation.plots=false", *NO_EXTRA_TEST_PASSES)  # fmt: skip
     env = team_server.env()
     client = admin
     log = tmp_path / "train.log"
