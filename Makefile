@@ -154,8 +154,9 @@ test-e2e: setup ## The real commands end to end on CPU (trainings, tuning, make 
 test-realdata: setup ## Tests on the real radiographs in ../shared/data
 	$(PY) -m pytest $(XDIST) -m realdata
 
+# One file of independent preset trainings: spread test by test, not file by file.
 test-presets: setup ## Every configs/experiment preset trained at smoke size on CPU (experiment=<name> debug=smoke)
-	$(PY) -m pytest $(XDIST) -m presets tests/presets
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist load -m presets tests/presets
 
 test-slow: setup ## Slow tests (full-size training runs)
 	$(PY) -m pytest -m slow

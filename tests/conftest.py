@@ -32,6 +32,20 @@ if "PYTEST_XDIST_WORKER" in os.environ:  # workers share the cores: one torch th
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def no_tracking_uri_left_behind():
+    """MLflow's fluent API prefers a URI set in-process (``make register``'s code sets one) to MLFLOW_TRACKING_URI,
+    so a test would otherwise write to the store of whichever test ran before it in the same worker."""
+    yield
+    if "mlflow" in sys.modules:
+        import mlflow
+
+        outer = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(None)  # also unsets the variable: put the session's own value back
+        if outer is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = outer
+
+
 @pytest.fixture
 def make_manifest(tmp_path):
     """Factory writing ``n`` random 32x32 PNGs and their manifest; returns the manifest path.
