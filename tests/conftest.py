@@ -34,16 +34,19 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 @pytest.fixture(autouse=True)
 def no_tracking_uri_left_behind():
-    """MLflow's fluent API prefers a URI set in-process (``make register``'s code sets one) to MLFLOW_TRACKING_URI,
-    so a test would otherwise write to the store of whichever test ran before it in the same worker."""
+    """``mlflow.set_tracking_uri`` (``make register``'s code calls it) holds the URI in-process and also writes it to
+    MLFLOW_TRACKING_URI, which every later subprocess inherits: unset, a test would write to the store of whichever
+    test ran before it in the same worker."""
+    outer = os.environ.get("MLFLOW_TRACKING_URI")
     yield
     if "mlflow" in sys.modules:
         import mlflow
 
-        outer = os.environ.get("MLFLOW_TRACKING_URI")
-        mlflow.set_tracking_uri(None)  # also unsets the variable: put the session's own value back
-        if outer is not None:
-            os.environ["MLFLOW_TRACKING_URI"] = outer
+        mlflow.set_tracking_uri(None)
+    if outer is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = outer
 
 
 @pytest.fixture
