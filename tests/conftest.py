@@ -23,13 +23,13 @@ from tests.process_budget import wait_working
 from training.data.findings import CXRLT_FINDINGS, TASK1_LABELS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 if "PYTEST_XDIST_WORKER" in os.environ:  # workers share the cores: one torch thread each, their subprocesses too
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture(autouse=True)
