@@ -134,10 +134,11 @@ ui: setup ## MLflow UI, opening on the training runs: http://127.0.0.1:5000/#/ex
 HOST ?= 127.0.0.1
 PG_PORT ?= 5432
 SERVER_DIR ?= mlruns/server
-server: setup ## Team tracking server: PostgreSQL + basic auth + served artifacts: MLFLOW_ADMIN_PASSWORD=... make server [HOST=127.0.0.1] [PORT=5000] [PG_PORT=5432] [DATABASE_URL=postgresql://mlflow@db-host/mlflow] [ARTIFACTS=/srv/mlflow-artifacts]
+server: setup ## Team tracking server: PostgreSQL + basic auth + served artifacts: MLFLOW_ADMIN_PASSWORD=... make server [HOST=127.0.0.1] [PORT=5000] [PG_PORT=5432] [DATABASE_URL=postgresql://mlflow@db-host/mlflow] [ARTIFACTS=/srv/mlflow-artifacts] [AUTH_CACHE_TTL=60]
 	@test -n "$$MLFLOW_ADMIN_PASSWORD" || { echo "make server: export MLFLOW_ADMIN_PASSWORD (the admin's password; never put it in a file of the repository)" >&2; exit 2; }
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m training.tracking.server --host $(HOST) --port $(PORT) --pg-port $(PG_PORT) \
-		--dir $(SERVER_DIR) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)') $(if $(ARTIFACTS),--artifacts '$(ARTIFACTS)')
+		--dir $(SERVER_DIR) $(if $(DATABASE_URL),--database-url '$(DATABASE_URL)') $(if $(ARTIFACTS),--artifacts '$(ARTIFACTS)') \
+		$(if $(AUTH_CACHE_TTL),--auth-cache-ttl $(AUTH_CACHE_TTL))
 
 # pytest workers (pytest-xdist) for the suites: their tests spend much of their time in one-threaded imports,
 # subprocess start-up and file I/O, so two workers on two cores finish before one; each worker's torch uses one

@@ -190,6 +190,8 @@ def test_requests_need_valid_credentials(team_server):
     assert _status(team_server.url, ("admin", "wrong-password")) == 401
     assert _status(team_server.url, ("nobody", ADMIN_PASSWORD)) == 401
     assert _status(team_server.url, ("admin", ADMIN_PASSWORD)) == 200
+    # the credential cache make server turns on keys on the password too: a trusted user's wrong one still fails
+    assert _status(team_server.url, ("admin", "wrong-password")) == 401
 
 
 @pytest.mark.server

@@ -68,6 +68,10 @@ POOL_SIZE = 5
 POOLS_PER_WORKER = 3
 #: Connections left for everything else on the cluster: psql, Optuna workers on a study database, a second server.
 RESERVED_CONNECTIONS = 50
+#: Seconds a worker trusts a credential it has checked. MLflow's basic auth otherwise runs a scrypt check (about
+#: 0.1 s of server CPU) on every request, and a training logs through many; the cost of trusting: a password changed
+#: or a user deleted through one worker is still accepted by the other workers until this has passed. 0 turns it off.
+AUTH_CACHE_TTL_S = 60
 POOL_SIZE_ENV = "MLFLOW_SQLALCHEMYSTORE_POOL_SIZE"
 MAX_OVERFLOW_ENV = "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW"
 
@@ -241,7 +245,7 @@ def require_admin_password() -> str:
 
 
 def prepare_server(server_dir: Path, backend_uri: str, auth_uri: str, db_password: str | None,
-                   artifacts: Path | None = None) -> ServerFiles:  # fmt: skip
+                   artifacts: Path | None = None, auth_cache_ttl: int = AUTH_CACHE_TTL_S) -> ServerFiles:  # fmt: skip
     """Write the 0600 auth config, libpq password file and secret key; return the server's environment.
 
     Raises:
@@ -263,6 +267,7 @@ def prepare_server(server_dir: Path, backend_uri: str, auth_uri: str, db_passwor
         "admin_username": os.environ.get(ADMIN_USERNAME_ENV) or "admin",
         "admin_password": admin_password,
         "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+        "auth_cache_ttl_seconds": str(auth_cache_ttl),
     }
     auth_config = server_dir / "basic_auth.ini"
     fd = os.open(auth_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -351,12 +356,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="existing tracking database (postgresql://user@host:port/db); skips the local cluster")  # fmt: skip
     parser.add_argument("--auth-database-url", default=None, help="user database of the auth app (default: "
                         f"the tracking database's server, database {AUTH_DB})")  # fmt: skip
+    parser.add_argument("--auth-cache-ttl", type=int, default=AUTH_CACHE_TTL_S,
+                        help=f"seconds a worker trusts a checked password (default {AUTH_CACHE_TTL_S}; 0: check each request)")  # fmt: skip
     parser.add_argument("--setup-only", action="store_true", help="prepare database and config, do not serve")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if args.workers < 1:
             raise ServerSetupError(f"--workers must be at least 1, not {args.workers}")
+        if args.auth_cache_ttl < 0:
+            raise ServerSetupError(f"--auth-cache-ttl must be 0 or more seconds, not {args.auth_cache_ttl}")
         pool = pool_env()
         connections = max_connections(args.workers, pool)
         if args.database_url:
@@ -369,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
             require_admin_password()  # before a cluster is created for nothing
             _, backend, auth = local_database(args.dir, args.pg_port, connections=connections)
             db_password = (args.dir / "db_password").read_text().strip()
-        files = prepare_server(args.dir, backend, auth, db_password, args.artifacts)
+        files = prepare_server(args.dir, backend, auth, db_password, args.artifacts, args.auth_cache_ttl)
     except ServerSetupError as error:
         sys.exit(f"make server: {error}")
     command = server_command(files, args.host, args.port, args.workers)
