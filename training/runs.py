@@ -52,6 +52,7 @@ from training.top_checkpoints import checkpoint_artifact, predictions_artifact
 from training.tracking.artifacts import download
 from training.tracking.redaction import redact
 from training.tracking.uri import tracking_client
+from training.zeroshot.text_side import FROM_CHECKPOINT
 
 CONFIG = "config.yaml"
 CHECKPOINT = "checkpoints/best.ckpt"
@@ -150,7 +151,8 @@ class FinishedModel:
 def _network(model_cfg, loss_cfg, labels, adapter_cfg, unseen) -> MultiLabelClassifier:
     """The network without pretrained weights: the weights come from the run, never a download or a weights file."""
     model_cfg = {**model_cfg, "pretrained": False, "weights": None}
-    return build_model(model_cfg, loss_cfg, labels, adapter_cfg or None, unseen)
+    adapter_cfg = {**adapter_cfg, FROM_CHECKPOINT: True} if adapter_cfg else None
+    return build_model(model_cfg, loss_cfg, labels, adapter_cfg, unseen)
 
 
 def load_finished(reference: str, client: MlflowClient | None = None) -> FinishedModel:

@@ -233,6 +233,48 @@ def test_clip_adapter_runs_offline_on_a_random_tiny_model(tiny_clip, tmp_path):
     assert trainable == {"head", "proxy"}  # the image tower stays frozen
 
 
+@pytest.mark.parametrize("kind", ["clip", "semantic"])
+def test_a_network_rebuilt_for_its_checkpoint_encodes_one_prompt_not_the_bank_and_scores_as_trained(
+    kind, tiny_clip, tmp_path, monkeypatch
+):
+    """What ``load_finished`` builds (``text_from_checkpoint``): the checkpoint's class embeddings, not the bank's."""
+    from training.zeroshot import clip_text, text_encoders
+    from training.zeroshot.text_side import FROM_CHECKPOINT
+
+    encoder = clip_text.ClipTextEncoder if kind == "clip" else text_encoders.HashingEncoder
+    encoded: list[int] = []
+    original = encoder.encode
+    monkeypatch.setattr(encoder, "encode", lambda self, texts: encoded.append(len(texts)) or original(self, texts))
+    seen = list(TASK1_LABELS[:8])
+
+    def build(extra: dict):
+        if kind == "clip":
+            cfg = {"model": tiny_clip, "pretrained": None, "finetune": "head", "proxy": {"k": 2, "size": 3}, **extra}
+            return ClipClassifier(MODEL_CFG, LOSS_CFG, seen, adapter_cfg=cfg, unseen=list(TASK2_LABELS))
+        cfg = {
+            "text_encoder": HASHING,
+            "cache_dir": None,
+            "transfer": "auto",
+            "transfer_candidates": ["direct", "conse3"],
+            "proxy": {"k": 2, "size": 3},
+            **extra,
+        }
+        return SemanticClassifier(MODEL_CFG, LOSS_CFG, seen, adapter_cfg=cfg, unseen=list(TASK2_LABELS))
+
+    torch.manual_seed(0)
+    trained = build({}).eval()
+    assert sum(encoded) > 100  # the bank: every class's templates and phrasings
+    encoded.clear()
+    rebuilt = build({FROM_CHECKPOINT: True})
+    assert encoded == [1] * (2 if kind == "clip" else 1)  # one prompt per side, for the embedding width
+    rebuilt.load_state_dict(trained.state_dict())
+    rebuilt.eval()
+    images = torch.randn(3, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(images), trained(images))
+        torch.testing.assert_close(rebuilt.unseen_logits(images), trained.unseen_logits(images))
+
+
 def test_conse_weights_are_a_convex_combination_of_the_nearest_classes():
     support = _unit(torch.eye(4))
     query = _unit([[0.9, 0.5, 0.1, -0.3]])

@@ -17,6 +17,11 @@ from training.components import build_component
 from training.zeroshot.bank import DescriptionBank
 from training.zeroshot.embeddings import CACHE_DIR, cached_class_embeddings, l2_normalise
 
+#: Set in an adapter config by whoever rebuilds a network only to load a checkpoint into it: the class embeddings
+#: are buffers of that checkpoint, so the bank is not encoded (through a random CLIP ViT-L/14 text tower, a minute
+#: of CPU) for values the checkpoint overwrites; placeholders of the right shape stand in.
+FROM_CHECKPOINT = "text_from_checkpoint"
+
 
 def text_embeddings(adapter_cfg: Mapping, names: Sequence[str], kind: str = "positive", encoder=None) -> np.ndarray:
     """``(C, D)`` unit class embeddings of ``names`` as the adapter config describes them.
@@ -27,6 +32,9 @@ def text_embeddings(adapter_cfg: Mapping, names: Sequence[str], kind: str = "pos
     bank = DescriptionBank.load(adapter_cfg.get("bank"))
     bank.require(names)
     encoder = encoder or build_component(adapter_cfg["text_encoder"])
+    if adapter_cfg.get(FROM_CHECKPOINT):
+        width = encoder.encode(list(names[:1])).shape[1]
+        return np.full((len(names), width), width**-0.5, dtype=np.float32)  # unit rows, to be overwritten
     cache_dir = adapter_cfg.get("cache_dir", str(CACHE_DIR))
     every = list(bank.classes)
     values = cached_class_embeddings(every, bank, encoder, kind, bool(adapter_cfg.get("include_description", True)),
