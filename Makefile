@@ -162,8 +162,10 @@ test-presets: setup ## Every configs/experiment preset trained at smoke size on 
 test-slow: setup ## Slow tests (full-size training runs)
 	$(PY) -m pytest -m slow
 
+# One file too, but its tests wait on servers and workers much of the time: each worker starts its own throwaway
+# PostgreSQL cluster and MLflow server (a module fixture) and takes tests one by one.
 test-server: setup ## Team-server tests: throwaway PostgreSQL + mlflow server with auth, tuning workers, outages
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -m server
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist load -m server
 
 lint: setup ## Ruff lint and format check
 	$(VENV)/bin/ruff check .
