@@ -330,10 +330,6 @@ class SuiteRegistry(Registry[SuiteMetric]):
         known = [m.key for m in self.per_class(True)] + [m.name for m in self.per_class(True)]
         raise ValueError(f"unknown metric {metric!r}; expected one of {sorted(known)}")
 
-    def macro_names(self) -> dict[str, str]:
-        """``{per-class key: macro name}``."""
-        return {m.key: m.name for m in self.per_class(val_thresholds=True)}
-
     def headline(self) -> tuple[str, ...]:
         """Names every evaluation reports: all but those that need validation thresholds."""
         return tuple(m.name for m in self if not m.needs_val_thresholds)

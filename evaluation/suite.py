@@ -23,11 +23,6 @@ from evaluation.metric_registry import AP_RULES, SUITE, ClassChunk, SuiteMetric
 from evaluation.ranking import N_BINS, ClassPlan
 from evaluation.thresholds import DEFAULT_THRESHOLD, thresholds_from_mapping
 
-MACRO_NAMES: dict[str, str] = SUITE.macro_names()
-"""Per-class metric key -> name of its macro mean, as registered at import (``evaluation.metric_registry``); the
-suite itself reads the registry on every call, so a metric registered later is computed too."""
-
-VALTHR_METRICS = tuple(m.key for m in SUITE.per_class(val_thresholds=True) if m.needs_val_thresholds)
 #: Macros whose bootstrap also reports how many resamples left out a class (``mAP_resamples_dropping_a_class``):
 #: mAP for the no-positive rule every per-class metric shares, mAUROC for its no-positive-or-no-negative rule.
 DROP_COUNTED = ("mAP", "mAUROC")

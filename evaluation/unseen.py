@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 RANDOM_SEED = 12345
 TEST, TTA, PERTURBED, HELDOUT = (s.prefix for s in UNSEEN_SETS)
-TITLES = {s.prefix: s.title for s in UNSEEN_SETS}
 
 
 class UnseenScorer(nn.Module):

@@ -55,7 +55,6 @@ from training.tracking.uri import tracking_client
 from training.zeroshot.text_side import FROM_CHECKPOINT
 
 CONFIG = "config.yaml"
-CHECKPOINT = "checkpoints/best.ckpt"
 VAL_PREDICTIONS = "predictions/val.csv"
 
 

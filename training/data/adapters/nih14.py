@@ -16,7 +16,6 @@ COLUMNS = {  # release column -> manifest column
     "Image Index": "image_id", "Patient ID": "patient_id", "View Position": "view",
     "Follow-up #": "follow_up", "Patient Age": "age", "Patient Gender": "sex", "Finding Labels": "finding_labels",
 }  # fmt: skip
-NO_FINDING = "No Finding"
 
 
 class NIH14Source(AdapterSource):
