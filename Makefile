@@ -22,21 +22,18 @@ endif
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
-# --no-compile: Python writes each module's bytecode on its first import instead, so an install pays for the modules
-# the platform imports, not for all 22k files of torch, transformers and the rest (half of torch's install time).
-PIP_INSTALL = $(PY) -m pip install --quiet --no-compile
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PIP_INSTALL) $(TORCH_PIN)
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e ".[dev]"
 	@touch $@
 
 setup: $(STAMP) ## Create .venv and install the core (idempotent; instant when up to date)
 
 # The benchmark-only packages (pyproject's `benchmarks` extra): installed by the first make benchmark or make card.
 $(VENV)/.benchmarks: $(STAMP) pyproject.toml
-	$(PIP_INSTALL) -e ".[benchmarks]"
+	$(PY) -m pip install --quiet -e ".[benchmarks]"
 	@touch $@
 
 benchmarks-extra: $(VENV)/.benchmarks ## Install the benchmark-only packages now (CI does, before make test)
